@@ -1,0 +1,52 @@
+//! The i8042 keyboard controller, kept for one job: the guest kernel runs
+//! with `reboot=k`, so a guest reboot or panic (with `panic=-1`) writes the
+//! CPU-reset command to port 0x64, and the VMM stops the VM when the reset
+//! `EventFd` fires.
+
+use super::EventFdTrigger;
+use crate::bus::BusDevice;
+
+pub struct I8042 {
+    dev: vm_superio::I8042Device<EventFdTrigger>,
+}
+
+impl I8042 {
+    pub fn new(reset: EventFdTrigger) -> Self {
+        Self {
+            dev: vm_superio::I8042Device::new(reset),
+        }
+    }
+}
+
+impl BusDevice for I8042 {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if let (Some(first), Ok(offset)) = (data.first_mut(), u8::try_from(offset)) {
+            *first = self.dev.read(offset);
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if let (Some(&value), Ok(offset)) = (data.first(), u8::try_from(offset)) {
+            // The only failure is an EventFd write error, which would leave
+            // the guest spinning in its reboot path; the vCPU loop also
+            // stops on the triple fault that follows, so nothing is lost.
+            let _ = self.dev.write(offset, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+    #[test]
+    fn reset_command_fires_the_reset_event() {
+        let evt = EventFd::new(EFD_NONBLOCK).unwrap();
+        let mut dev = I8042::new(EventFdTrigger::new(evt.try_clone().unwrap()));
+        dev.write(4, &[0x00]);
+        assert!(evt.read().is_err(), "no reset for other commands");
+        dev.write(4, &[0xfe]);
+        assert_eq!(evt.read().unwrap(), 1);
+    }
+}

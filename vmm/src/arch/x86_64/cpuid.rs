@@ -1,0 +1,82 @@
+//! Per-vCPU CPUID, derived from what KVM supports on this host.
+//!
+//! Two edits matter for booting Linux: each vCPU must see its own APIC id
+//! (leaf 1 EBX, leaf 0xb EDX), and the hypervisor bit (leaf 1 ECX bit 31)
+//! must be set, or the guest never looks at the KVM leaves at 0x4000_0000,
+//! finds no kvm-clock and hangs calibrating its TSC.
+
+use kvm_bindings::{kvm_cpuid_entry2, CpuId};
+
+const LEAF_FEATURES: u32 = 0x1;
+const LEAF_EXT_TOPOLOGY: u32 = 0xb;
+const ECX_HYPERVISOR_BIT: u32 = 1 << 31;
+/// EBX bits 23-16: logical processors per package (valid with HTT).
+const EBX_CPU_COUNT_SHIFT: u32 = 16;
+/// EBX bits 31-24: initial APIC id.
+const EBX_APIC_ID_SHIFT: u32 = 24;
+/// EDX bit 28: HTT, "the CPU count field is valid".
+const EDX_HTT_BIT: u32 = 1 << 28;
+
+/// Adjusts `cpuid` (from `KVM_GET_SUPPORTED_CPUID`) for vCPU `cpu_id` of
+/// `cpu_count`.
+pub fn filter(cpuid: &mut CpuId, cpu_id: u8, cpu_count: u8) {
+    for entry in cpuid.as_mut_slice() {
+        filter_entry(entry, cpu_id, cpu_count);
+    }
+}
+
+fn filter_entry(entry: &mut kvm_cpuid_entry2, cpu_id: u8, cpu_count: u8) {
+    match entry.function {
+        LEAF_FEATURES => {
+            entry.ecx |= ECX_HYPERVISOR_BIT;
+            entry.ebx &= 0x0000_ffff;
+            entry.ebx |= (u32::from(cpu_id) << EBX_APIC_ID_SHIFT)
+                | (u32::from(cpu_count) << EBX_CPU_COUNT_SHIFT);
+            if cpu_count > 1 {
+                entry.edx |= EDX_HTT_BIT;
+            }
+        }
+        LEAF_EXT_TOPOLOGY => {
+            // x2APIC id of this logical processor, in every sub-leaf.
+            entry.edx = u32::from(cpu_id);
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(function: u32, index: u32) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            ebx: 0xdead_0800,
+            edx: 0x1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sets_apic_id_count_and_hypervisor_bit() {
+        let mut cpuid =
+            CpuId::from_entries(&[entry(0, 0), entry(1, 0), entry(0xb, 0), entry(0xb, 1)])
+                .unwrap();
+        filter(&mut cpuid, 3, 4);
+        let e = cpuid.as_slice();
+        assert_eq!(e[0], entry(0, 0), "other leaves untouched");
+        assert_eq!(e[1].ebx, 0x0304_0800);
+        assert_ne!(e[1].ecx & (1 << 31), 0);
+        assert_ne!(e[1].edx & (1 << 28), 0);
+        assert_eq!((e[2].edx, e[3].edx), (3, 3));
+    }
+
+    #[test]
+    fn single_cpu_has_no_htt() {
+        let mut cpuid = CpuId::from_entries(&[entry(1, 0)]).unwrap();
+        filter(&mut cpuid, 0, 1);
+        assert_eq!(cpuid.as_slice()[0].ebx, 0x0001_0800);
+        assert_eq!(cpuid.as_slice()[0].edx & (1 << 28), 0);
+    }
+}

@@ -1,0 +1,95 @@
+//! What a VM is made of, independent of how the user said it.
+
+use std::path::PathBuf;
+
+use crate::arch::x86_64::mptable::MAX_CPUS;
+
+pub const MIB: u64 = 1 << 20;
+/// Below this the guest kernel and initramfs do not fit with room to run.
+pub const MIN_MEMORY: u64 = 64 * MIB;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("memory size '{0}' is not a size: use a number with an optional K, M or G suffix, e.g. 512M")]
+    BadSize(String),
+    #[error("memory {got} MiB is too small: the guest needs at least {min} MiB (--memory {min}M)", got = .0 / MIB, min = MIN_MEMORY / MIB)]
+    MemoryTooSmall(u64),
+    #[error("--cpus must be between 1 and {MAX_CPUS}, not {0}")]
+    BadCpuCount(u32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    /// The full kernel command line, device entries excluded (devices add
+    /// their own).
+    pub cmdline: String,
+    pub vcpus: u8,
+    pub mem_size: u64,
+}
+
+/// Parses "512M", "1G", "1024K", "2g", "268435456" (bytes), "512MiB".
+pub fn parse_size(text: &str) -> Result<u64, Error> {
+    let bad = || Error::BadSize(text.to_string());
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift).ok_or_else(bad)
+}
+
+pub fn check_memory(bytes: u64) -> Result<u64, Error> {
+    if bytes < MIN_MEMORY {
+        return Err(Error::MemoryTooSmall(bytes));
+    }
+    Ok(bytes)
+}
+
+pub fn check_cpus(n: u32) -> Result<u8, Error> {
+    match u8::try_from(n) {
+        Ok(n) if (1..=MAX_CPUS).contains(&n) => Ok(n),
+        _ => Err(Error::BadCpuCount(n)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Ok(512 * MIB));
+        assert_eq!(parse_size("1G"), Ok(1024 * MIB));
+        assert_eq!(parse_size("2g"), Ok(2048 * MIB));
+        assert_eq!(parse_size("256MiB"), Ok(256 * MIB));
+        assert_eq!(parse_size("4096K"), Ok(4 * MIB));
+        assert_eq!(parse_size("1048576"), Ok(MIB));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12T").is_err());
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(check_memory(16 * MIB), Err(Error::MemoryTooSmall(16 * MIB)));
+        assert_eq!(check_memory(64 * MIB), Ok(64 * MIB));
+        assert_eq!(check_cpus(0), Err(Error::BadCpuCount(0)));
+        assert_eq!(check_cpus(1), Ok(1));
+        assert_eq!(check_cpus(32), Ok(32));
+        assert_eq!(check_cpus(300), Err(Error::BadCpuCount(300)));
+        assert!(Error::MemoryTooSmall(16 * MIB)
+            .to_string()
+            .contains("16 MiB is too small"));
+    }
+}

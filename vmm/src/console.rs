@@ -1,0 +1,132 @@
+//! Where the guest's serial console goes, and the one thing the VMM reads
+//! from it: whether the guest kernel panicked.
+//!
+//! A panic ends in a reset (`panic=-1 reboot=k`) just like a clean reboot,
+//! and without ACPI or PCI there is no pvpanic device to tell them apart, so
+//! the console is watched for the kernel's fixed panic banner. Guest-init
+//! reports normal exits on the status port, never through this text.
+
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+const PANIC_BANNER: &[u8] = b"Kernel panic - not syncing";
+/// Past this much buffered output a line without a newline is flushed anyway.
+const MAX_BUFFERED: usize = 4096;
+
+pub struct ConsoleOutput {
+    out: Box<dyn Write + Send>,
+    buf: Vec<u8>,
+    /// Unflushed tail kept for matching the banner across flushes.
+    window: Vec<u8>,
+    panic_seen: Arc<AtomicBool>,
+}
+
+impl ConsoleOutput {
+    pub fn new(out: Box<dyn Write + Send>) -> Self {
+        Self {
+            out,
+            buf: Vec::with_capacity(MAX_BUFFERED),
+            window: Vec::new(),
+            panic_seen: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub fn panic_flag(&self) -> Arc<AtomicBool> {
+        self.panic_seen.clone()
+    }
+
+    fn scan(&mut self, data: &[u8]) {
+        self.window.extend_from_slice(data);
+        if self
+            .window
+            .windows(PANIC_BANNER.len())
+            .any(|w| w == PANIC_BANNER)
+        {
+            self.panic_seen.store(true, Ordering::SeqCst);
+        }
+        let keep = PANIC_BANNER.len() - 1;
+        if self.window.len() > keep {
+            self.window.drain(..self.window.len() - keep);
+        }
+    }
+
+    /// Writes out whatever is buffered, newline or not.
+    pub fn drain(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.out.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        self.out.flush()
+    }
+}
+
+impl Write for ConsoleOutput {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.scan(data);
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    /// The UART flushes after every byte; passing that on would cost a
+    /// syscall per byte, so output goes out a line at a time.
+    fn flush(&mut self) -> io::Result<()> {
+        if self.buf.last() == Some(&b'\n') || self.buf.len() >= MAX_BUFFERED {
+            self.drain()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, d: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(d);
+            Ok(d.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn feed(c: &mut ConsoleOutput, text: &[u8]) {
+        for b in text {
+            c.write_all(&[*b]).unwrap();
+            c.flush().unwrap();
+        }
+    }
+
+    #[test]
+    fn output_goes_out_by_line() {
+        let sink = Shared::default();
+        let mut c = ConsoleOutput::new(Box::new(sink.clone()));
+        feed(&mut c, b"hello\npartial");
+        assert_eq!(sink.0.lock().unwrap().as_slice(), b"hello\n");
+        c.drain().unwrap();
+        assert_eq!(sink.0.lock().unwrap().as_slice(), b"hello\npartial");
+    }
+
+    #[test]
+    fn detects_panic_banner_split_across_bytes() {
+        let mut c = ConsoleOutput::new(Box::new(io::sink()));
+        let flag = c.panic_flag();
+        feed(&mut c, b"[    1.0] Kernel panic - not synci");
+        assert!(!flag.load(Ordering::SeqCst));
+        feed(&mut c, b"ng: Attempted to kill init!\n");
+        assert!(flag.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn ordinary_output_is_not_a_panic() {
+        let mut c = ConsoleOutput::new(Box::new(io::sink()));
+        let flag = c.panic_flag();
+        feed(&mut c, b"Kernel panic - not yet\nmvm-init: ready\n");
+        assert!(!flag.load(Ordering::SeqCst));
+    }
+}

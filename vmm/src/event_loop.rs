@@ -1,0 +1,163 @@
+//! The VMM's event loop thread: one epoll loop (event-manager) that waits
+//! for the VM to stop and feeds host input to the guest console. vCPU
+//! threads never block on it; it never touches vCPU state.
+
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device_manager::SerialConsole;
+
+/// While console input waits for room in the UART FIFO, the loop wakes this
+/// often to offer it again (the UART has no "FIFO drained" event).
+const INPUT_RETRY: Duration = Duration::from_millis(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create the event loop: {0}")]
+    Create(event_manager::Error),
+    #[error("the event loop failed: {0}")]
+    Run(event_manager::Error),
+}
+
+/// Sets `stopped` when the VM's stop eventfd fires (i8042 reset, or a vCPU
+/// that stopped).
+struct StopWatcher {
+    evt: Arc<EventFd>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl MutEventSubscriber for StopWatcher {
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        let _ = self.evt.read();
+        self.stopped.store(true, Ordering::SeqCst);
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        // Registration can only fail if the fd is already registered, which
+        // cannot happen for a fresh subscriber; without it the VM would never
+        // be seen to stop, so say so loudly.
+        if let Err(e) = ops.add(Events::new(self.evt.as_ref(), EventSet::IN)) {
+            eprintln!("mvm: cannot watch the VM's stop event: {e}");
+        }
+    }
+}
+
+/// Copies host stdin into the guest's UART.
+struct ConsoleInput {
+    fd: RawFd,
+    serial: SerialConsole,
+    pending: Arc<Mutex<Vec<u8>>>,
+}
+
+impl ConsoleInput {
+    fn offer(serial: &SerialConsole, pending: &Mutex<Vec<u8>>) {
+        let (Ok(mut serial), Ok(mut pending)) = (serial.lock(), pending.lock()) else {
+            return;
+        };
+        if !pending.is_empty() {
+            let taken = serial.enqueue_input(&pending);
+            pending.drain(..taken);
+        }
+    }
+}
+
+impl MutEventSubscriber for ConsoleInput {
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        let mut buf = [0u8; 256];
+        // SAFETY: `fd` is the process's stdin, open for the process's life;
+        // the ManuallyDrop keeps the File from closing it.
+        let mut stdin =
+            std::mem::ManuallyDrop::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(self.fd) });
+        match stdin.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                if let Ok(mut p) = self.pending.lock() {
+                    p.extend_from_slice(&buf[..n]);
+                }
+                Self::offer(&self.serial, &self.pending);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // EOF or a broken stdin: stop watching it, the guest keeps going.
+            _ => {
+                let _ = ops.remove(events);
+            }
+        }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        // epoll refuses regular files and /dev/null: then there is simply
+        // no console input, which is right for a non-interactive run.
+        let _ = ops.add(Events::new_raw(self.fd, EventSet::IN));
+    }
+}
+
+pub struct EventLoop {
+    manager: EventManager<Box<dyn MutEventSubscriber + Send>>,
+    stopped: Arc<AtomicBool>,
+    input: Option<(SerialConsole, Arc<Mutex<Vec<u8>>>)>,
+}
+
+/// How a wait for the VM ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Wait {
+    Stopped,
+    TimedOut,
+}
+
+impl EventLoop {
+    pub fn new(stop_evt: Arc<EventFd>) -> Result<Self, Error> {
+        let mut manager = EventManager::new().map_err(Error::Create)?;
+        let stopped = Arc::new(AtomicBool::new(false));
+        let watcher: Box<dyn MutEventSubscriber + Send> = Box::new(StopWatcher {
+            evt: stop_evt,
+            stopped: stopped.clone(),
+        });
+        manager.add_subscriber(watcher);
+        Ok(Self {
+            manager,
+            stopped,
+            input: None,
+        })
+    }
+
+    /// Forwards this process's stdin to the guest console.
+    pub fn forward_stdin(&mut self, serial: SerialConsole) {
+        let pending = Arc::new(Mutex::new(Vec::new()));
+        let input: Box<dyn MutEventSubscriber + Send> = Box::new(ConsoleInput {
+            fd: io::stdin().as_raw_fd(),
+            serial: serial.clone(),
+            pending: pending.clone(),
+        });
+        self.manager.add_subscriber(input);
+        self.input = Some((serial, pending));
+    }
+
+    /// Runs until the VM stops or `deadline` passes.
+    pub fn run_until_stopped(&mut self, deadline: Option<Instant>) -> Result<Wait, Error> {
+        while !self.stopped.load(Ordering::SeqCst) {
+            let input_waiting = self
+                .input
+                .as_ref()
+                .is_some_and(|(_, p)| p.lock().map(|p| !p.is_empty()).unwrap_or(false));
+            let mut timeout = input_waiting.then_some(INPUT_RETRY);
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(Wait::TimedOut);
+                }
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
+            let ms = timeout.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
+            self.manager.run_with_timeout(ms).map_err(Error::Run)?;
+            if let Some((serial, pending)) = &self.input {
+                ConsoleInput::offer(serial, pending);
+            }
+        }
+        Ok(Wait::Stopped)
+    }
+}

@@ -1,0 +1,20 @@
+//! mvm: run a command in a throwaway KVM microVM with its own kernel.
+//!
+//! `cli` parses and maps outcomes to exit codes; `builder` assembles a VM in
+//! one linear function from `vm`, `memory`, `device_manager`, `kernel` and
+//! `arch`; `runner` starts the `vcpu` threads and drives the `event_loop`.
+
+pub mod arch;
+pub mod builder;
+pub mod cli;
+pub mod config;
+pub mod console;
+pub mod device_manager;
+pub mod event_loop;
+pub mod exit_code;
+pub mod guest_cmd;
+pub mod kernel;
+pub mod memory;
+pub mod runner;
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,85 @@
+//! Running a built VM to its end and deciding what that end was.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use mvm_devices::legacy::BOOT_MARKER_INIT_STARTED;
+
+use crate::builder::Vmm;
+use crate::event_loop::{self, EventLoop, Wait};
+use crate::vcpu::{self, VcpuStop};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    EventLoop(#[from] event_loop::Error),
+    #[error(transparent)]
+    Vcpu(#[from] vcpu::Error),
+}
+
+/// How the VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Guest-init reported the command's exit status.
+    Exited(u32),
+    /// The guest reset or shut down without reporting a status.
+    Stopped,
+    /// The guest kernel panicked.
+    Panicked,
+    /// The deadline passed first.
+    TimedOut,
+    /// KVM or the VMM failed.
+    Failed(String),
+}
+
+pub struct RunReport {
+    pub outcome: Outcome,
+    /// From `started` to guest-init's boot marker, if it came.
+    pub boot_to_init: Option<Duration>,
+}
+
+pub struct RunOptions {
+    /// When the mvm process started; the boot marker is measured from here.
+    pub started: Instant,
+    pub timeout: Option<Duration>,
+    pub forward_stdin: bool,
+}
+
+pub fn run(vmm: Vmm, opts: RunOptions) -> Result<RunReport, Error> {
+    let mut event_loop = EventLoop::new(vmm.stop.evt.clone())?;
+    if opts.forward_stdin {
+        event_loop.forward_stdin(vmm.serial.clone());
+    }
+    let deadline = opts.timeout.map(|t| Instant::now() + t);
+    // vCPU threads are not joined: a vCPU can be blocked in KVM_RUN on a
+    // halted guest, and the VM's memory and fds are released when the
+    // process exits right after this returns.
+    for vcpu in vmm.vcpus {
+        vcpu.start(vmm.pio.clone(), vmm.mmio.clone(), vmm.stop.clone())?;
+    }
+    let wait = event_loop.run_until_stopped(deadline)?;
+
+    if let Ok(mut serial) = vmm.serial.lock() {
+        // Console loss must not hide the command's status.
+        let _ = serial.writer_mut().drain();
+    }
+    let report = vmm.report.snapshot();
+    let boot_to_init = report
+        .markers
+        .iter()
+        .find(|(m, _)| *m == BOOT_MARKER_INIT_STARTED)
+        .map(|(_, at)| at.saturating_duration_since(opts.started));
+    let stop_reason = vmm.stop.reason.lock().ok().and_then(|r| r.clone());
+
+    let outcome = match (wait, report.exit_status, stop_reason) {
+        (Wait::TimedOut, _, _) => Outcome::TimedOut,
+        (_, _, Some(VcpuStop::Failed(why))) => Outcome::Failed(why),
+        (_, Some(status), _) => Outcome::Exited(status),
+        _ if vmm.panic_seen.load(Ordering::SeqCst) => Outcome::Panicked,
+        _ => Outcome::Stopped,
+    };
+    Ok(RunReport {
+        outcome,
+        boot_to_init,
+    })
+}
