@@ -6,16 +6,20 @@
 #
 # TARGET is `vmlinux` (the mvm guest: uncompressed ELF) or `bzImage` (the
 # test host, booted by QEMU). The cache key is the fragment, the target, the
-# source package version and this script, so a second run is a copy.
+# source package version and RECIPE (bump it when a change to this script
+# changes what gets built), so a second run is a copy. Concurrent runs are
+# serialised with a lock in the cache directory.
 # OUT_DIR receives the image plus kernel.release, source-version,
 # source-sha256 and config.
 set -euo pipefail
 
 fragment=$1 target=$2 out=$3
-here=$(cd "$(dirname "$0")" && pwd)
 cache=${MVM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mvm}
 jobs=${JOBS:-$(nproc)}
+RECIPE=1
 mkdir -p "$cache/src" "$cache/kernels" "$out"
+exec 9>"$cache/build.lock"
+flock 9
 
 case $target in
 vmlinux) image=vmlinux ;;
@@ -33,8 +37,8 @@ fi
 version=$(dpkg-deb -f "$deb" Version)
 sha=$(sha256sum "$deb" | cut -d' ' -f1)
 
-key=$( (cat "$fragment" "$here/build.sh"; echo "$target $version") | sha256sum | cut -c1-16)
-name=$(basename "$fragment" .config)
+key=$( (cat "$fragment"; echo "$target $version recipe=$RECIPE") | sha256sum | cut -c1-16)
+name=$(basename "$(dirname "$(realpath "$fragment")")")-$(basename "$fragment" .config)
 built="$cache/kernels/$name-$key"
 
 if [ ! -f "$built/$target" ]; then

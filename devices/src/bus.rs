@@ -99,7 +99,9 @@ impl Bus {
 /// A device whose lock was poisoned by a panicking vCPU thread is still
 /// usable for the remaining teardown; the panic itself is reported elsewhere.
 fn lock<'a>(device: &'a Mutex<dyn BusDevice + 'static>) -> MutexGuard<'a, dyn BusDevice + 'static> {
-    device.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    device
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
@@ -167,7 +169,10 @@ mod tests {
         assert!(bus.insert(dev(), 0xf0, 0x10).is_ok());
         assert_eq!(
             bus.insert(dev(), 0x200, 0),
-            Err(Error::BadRange { base: 0x200, len: 0 })
+            Err(Error::BadRange {
+                base: 0x200,
+                len: 0
+            })
         );
         assert_eq!(
             bus.insert(dev(), u64::MAX, 2),

@@ -1,7 +1,7 @@
 //! The one place a VM is put together, in a fixed order (Firecracker's
 //! `builder.rs`, vmm-reference's `Vmm::try_from`): KVM and its
-//! capabilities, the VM with irqchip and PIT, guest memory, devices, kernel
-//! + initramfs + command line + boot_params, MP table, then the vCPUs with
+//! capabilities, the VM with irqchip and PIT, guest memory, devices, kernel,
+//! initramfs, command line and boot_params, MP table, then the vCPUs with
 //! their CPUID, MSRs, registers and LAPIC. The result is ready to run, its
 //! vCPUs not yet started.
 
@@ -166,8 +166,11 @@ mod tests {
 
     #[test]
     fn cmdline_puts_user_args_last() {
-        let c = build_cmdline(&["console=ttyS0".into(), "reboot=k".into()], "quiet panic=-1")
-            .unwrap();
+        let c = build_cmdline(
+            &["console=ttyS0".into(), "reboot=k".into()],
+            "quiet panic=-1",
+        )
+        .unwrap();
         assert_eq!(
             c.as_cstring().unwrap().to_str().unwrap(),
             "console=ttyS0 reboot=k quiet panic=-1"

@@ -89,7 +89,7 @@ impl From<builder::Error> for Failure {
     fn from(e: builder::Error) -> Self {
         let code = match &e {
             builder::Error::Kvm(
-                vm::Error::NoKvm | vm::Error::KvmPermission | vm::Error::OpenKvm(_),
+                vm::Error::NoKvm(_) | vm::Error::KvmPermission(_) | vm::Error::OpenKvm(..),
             ) => exit_code::KVM_UNAVAILABLE,
             _ => exit_code::SETUP_FAILED,
         };
@@ -296,6 +296,9 @@ mod tests {
         let Command::Boot { vm } = cli.command else {
             panic!()
         };
-        assert_eq!(timeout(&vm).ok().flatten(), Some(Duration::from_millis(2500)));
+        assert_eq!(
+            timeout(&vm).ok().flatten(),
+            Some(Duration::from_millis(2500))
+        );
     }
 }

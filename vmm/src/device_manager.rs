@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use kvm_ioctls::VmFd;
 use mvm_devices::bus::{self, Bus};
 use mvm_devices::legacy::{
-    EventFdTrigger, GuestReport, I8042, Serial, StatusPort, STATUS_PORT_LEN,
+    EventFdTrigger, GuestReport, Serial, StatusPort, I8042, STATUS_PORT_LEN,
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -48,7 +48,8 @@ pub fn attach_serial(env: &mut DeviceEnv, out: ConsoleOutput) -> Result<SerialCo
         .register_irqfd(&irq, SERIAL_IRQ)
         .map_err(|e| Error::Irqfd("serial", io::Error::from_raw_os_error(e.errno())))?;
     let serial = Arc::new(Mutex::new(Serial::new(EventFdTrigger::new(irq), out)));
-    env.pio.insert(serial.clone(), SERIAL_PORT, SERIAL_PORT_LEN)?;
+    env.pio
+        .insert(serial.clone(), SERIAL_PORT, SERIAL_PORT_LEN)?;
     env.cmdline_extra.push("console=ttyS0".into());
     // Only COM1 exists; probing the other three legacy ports costs exits.
     env.cmdline_extra.push("8250.nr_uarts=1".into());

@@ -16,6 +16,9 @@ use crate::device_manager::SerialConsole;
 /// While console input waits for room in the UART FIFO, the loop wakes this
 /// often to offer it again (the UART has no "FIFO drained" event).
 const INPUT_RETRY: Duration = Duration::from_millis(20);
+/// Console input taken from a regular file (not pollable) is read up front;
+/// a console is for typing, so a bound this size is never a limit in use.
+const MAX_FILE_INPUT: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -72,8 +75,9 @@ impl MutEventSubscriber for ConsoleInput {
         let mut buf = [0u8; 256];
         // SAFETY: `fd` is the process's stdin, open for the process's life;
         // the ManuallyDrop keeps the File from closing it.
-        let mut stdin =
-            std::mem::ManuallyDrop::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(self.fd) });
+        let mut stdin = std::mem::ManuallyDrop::new(unsafe {
+            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(self.fd)
+        });
         match stdin.read(&mut buf) {
             Ok(n) if n > 0 => {
                 if let Ok(mut p) = self.pending.lock() {
@@ -90,9 +94,26 @@ impl MutEventSubscriber for ConsoleInput {
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        // epoll refuses regular files and /dev/null: then there is simply
-        // no console input, which is right for a non-interactive run.
-        let _ = ops.add(Events::new_raw(self.fd, EventSet::IN));
+        if ops.add(Events::new_raw(self.fd, EventSet::IN)).is_ok() {
+            return;
+        }
+        // epoll refuses regular files (and /dev/null): they never block, so
+        // their content is queued now, up to a bound, and offered as the
+        // guest drains its FIFO.
+        // SAFETY: as in `process`: stdin stays open, ManuallyDrop keeps it so.
+        let stdin = std::mem::ManuallyDrop::new(unsafe {
+            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(self.fd)
+        });
+        let mut data = Vec::new();
+        if (&*stdin)
+            .take(MAX_FILE_INPUT)
+            .read_to_end(&mut data)
+            .is_ok()
+        {
+            if let Ok(mut p) = self.pending.lock() {
+                p.extend_from_slice(&data);
+            }
+        }
     }
 }
 

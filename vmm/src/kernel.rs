@@ -30,7 +30,10 @@ pub enum Error {
         source: io::Error,
     },
     #[error("'{}' is not a loadable x86-64 Linux kernel (ELF vmlinux or bzImage): {source}", path.display())]
-    BadKernel { path: PathBuf, source: loader::Error },
+    BadKernel {
+        path: PathBuf,
+        source: loader::Error,
+    },
     #[error("the initramfs '{}' ({size} bytes) does not fit in guest memory above the kernel: raise --memory", path.display())]
     InitrdTooBig { path: PathBuf, size: u64 },
     #[error("cannot copy the initramfs '{}' into guest memory: {source}", path.display())]
@@ -74,12 +77,11 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, E
             setup_header: None,
         }),
         Err(loader::Error::Elf(loader::elf::Error::InvalidElfMagicNumber)) => {
-            let r = BzImage::load(mem, None, &mut file, himem).map_err(|source| {
-                Error::BadKernel {
+            let r =
+                BzImage::load(mem, None, &mut file, himem).map_err(|source| Error::BadKernel {
                     path: path.to_owned(),
                     source,
-                }
-            })?;
+                })?;
             Ok(LoadedKernel {
                 entry: GuestAddress(r.kernel_load.0 + BZIMAGE_64BIT_ENTRY_OFFSET),
                 end: r.kernel_end,

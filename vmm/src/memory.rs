@@ -15,7 +15,10 @@ pub fn ranges(mem_size: u64) -> Vec<(GuestAddress, usize)> {
     let low = mem_size.min(MMIO_GAP_START);
     let mut r = vec![(GuestAddress(0), low as usize)];
     if mem_size > MMIO_GAP_START {
-        r.push((GuestAddress(MMIO_GAP_END), (mem_size - MMIO_GAP_START) as usize));
+        r.push((
+            GuestAddress(MMIO_GAP_END),
+            (mem_size - MMIO_GAP_START) as usize,
+        ));
     }
     r
 }

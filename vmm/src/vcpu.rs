@@ -180,9 +180,9 @@ impl Vcpu {
                 Ok(VcpuExit::Hlt) => return VcpuStop::Shutdown,
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
                     return VcpuStop::Failed(format!(
-                        "vCPU {} failed to enter the guest (hardware reason {reason:#x}, cpu {cpu})",
-                        self.id
-                    ))
+                    "vCPU {} failed to enter the guest (hardware reason {reason:#x}, cpu {cpu})",
+                    self.id
+                ))
                 }
                 Ok(VcpuExit::InternalError) => {
                     return VcpuStop::Failed(format!(

@@ -2,7 +2,9 @@
 //! creating the VM with its in-kernel interrupt controllers and timer, and
 //! handing it the guest memory.
 
+use std::ffi::CString;
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
@@ -24,12 +26,12 @@ const REQUIRED_CAPS: &[(Cap, &str)] = &[
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("/dev/kvm does not exist: this host has no KVM; load kvm-intel or kvm-amd, or run on a machine with hardware virtualization (tests/testhost/mvm runs mvm inside an emulated one)")]
-    NoKvm,
-    #[error("no permission to open /dev/kvm: add your user to the group owning it (usually 'kvm': sudo usermod -aG kvm $USER, then log in again)")]
-    KvmPermission,
-    #[error("cannot open /dev/kvm: {0}")]
-    OpenKvm(io::Error),
+    #[error("{0} does not exist: this host has no KVM; load kvm-intel or kvm-amd, or run on a machine with hardware virtualization (tests/testhost/mvm runs mvm inside an emulated one)")]
+    NoKvm(String),
+    #[error("no permission to open {0}: add your user to the group owning it (usually 'kvm': sudo usermod -aG kvm $USER, then log in again)")]
+    KvmPermission(String),
+    #[error("cannot open {0}: {1}")]
+    OpenKvm(String, io::Error),
     #[error("KVM API version {0} is not the stable version 12")]
     KvmApiVersion(i32),
     #[error("this host's KVM lacks {0}, which mvm needs")]
@@ -52,11 +54,21 @@ fn setup(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
     }
 }
 
+/// The KVM device node: /dev/kvm, unless `MVM_KVM_DEVICE` names another
+/// (tests use it to check the errors for a missing or forbidden device).
+pub fn kvm_device_path() -> CString {
+    std::env::var_os("MVM_KVM_DEVICE")
+        .and_then(|p| CString::new(p.into_vec()).ok())
+        .unwrap_or_else(|| c"/dev/kvm".to_owned())
+}
+
 pub fn open_kvm() -> Result<Kvm, Error> {
-    let kvm = Kvm::new().map_err(|e| match e.errno() {
-        libc::ENOENT => Error::NoKvm,
-        libc::EACCES | libc::EPERM => Error::KvmPermission,
-        errno => Error::OpenKvm(io::Error::from_raw_os_error(errno)),
+    let path = kvm_device_path();
+    let shown = path.to_string_lossy().into_owned();
+    let kvm = Kvm::new_with_path(&path).map_err(|e| match e.errno() {
+        libc::ENOENT => Error::NoKvm(shown.clone()),
+        libc::EACCES | libc::EPERM => Error::KvmPermission(shown.clone()),
+        errno => Error::OpenKvm(shown.clone(), io::Error::from_raw_os_error(errno)),
     })?;
     let version = kvm.get_api_version();
     if version != 12 {
@@ -78,7 +90,8 @@ pub fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
         .map_err(|e| Error::CreateVm(io::Error::from_raw_os_error(e.errno())))?;
     vm.set_tss_address(KVM_TSS_ADDRESS as usize)
         .map_err(setup("TSS address"))?;
-    vm.create_irq_chip().map_err(setup("interrupt controller"))?;
+    vm.create_irq_chip()
+        .map_err(setup("interrupt controller"))?;
     let pit = kvm_pit_config {
         // No speaker port emulation: nothing in the guest beeps.
         flags: KVM_PIT_SPEAKER_DUMMY,

@@ -26,10 +26,11 @@ impl<W: Write + Send> Serial<W> {
     pub fn enqueue_input(&mut self, input: &[u8]) -> usize {
         let room = self.uart.fifo_capacity();
         let take = input.len().min(room);
-        match self.uart.enqueue_raw_bytes(&input[..take]) {
-            Ok(n) => n,
-            Err(_) => 0,
-        }
+        // An error means the interrupt could not be raised; the bytes are
+        // offered again later.
+        self.uart
+            .enqueue_raw_bytes(&input[..take])
+            .unwrap_or_default()
     }
 
     pub fn writer_mut(&mut self) -> &mut W {
@@ -94,7 +95,7 @@ mod tests {
         // must interrupt again or the guest's console stalls.
         let mut iir = [0u8];
         dev.read(IIR, &mut iir);
-        dev.write(DATA, &[b'x']);
+        dev.write(DATA, b"x");
         assert_eq!(irq.read().unwrap(), 1);
     }
 

@@ -61,8 +61,7 @@ mod tests {
     #[test]
     fn sets_apic_id_count_and_hypervisor_bit() {
         let mut cpuid =
-            CpuId::from_entries(&[entry(0, 0), entry(1, 0), entry(0xb, 0), entry(0xb, 1)])
-                .unwrap();
+            CpuId::from_entries(&[entry(0, 0), entry(1, 0), entry(0xb, 0), entry(0xb, 1)]).unwrap();
         filter(&mut cpuid, 3, 4);
         let e = cpuid.as_slice();
         assert_eq!(e[0], entry(0, 0), "other leaves untouched");

@@ -70,7 +70,16 @@ pub fn build(cpu_count: u8, base: u64) -> Result<Vec<u8>, Error> {
     entry_count += 1;
     for irq in 0..IRQ_COUNT {
         // Flags 0: polarity and trigger mode conform to the (ISA) bus.
-        entries.extend([ENTRY_IO_INTERRUPT, INT_TYPE_INT, 0, 0, 0, irq, ioapic_id, irq]);
+        entries.extend([
+            ENTRY_IO_INTERRUPT,
+            INT_TYPE_INT,
+            0,
+            0,
+            0,
+            irq,
+            ioapic_id,
+            irq,
+        ]);
         entry_count += 1;
     }
     // LINT0 of every local APIC is ExtINT, LINT1 is NMI (0xff: all APICs).
@@ -158,7 +167,10 @@ mod tests {
         assert_eq!(len, 44 + 60 + 8 + 8 + 192 + 16);
         assert_eq!(table[6], 4);
         assert_eq!(sum(table), 0);
-        assert_eq!(u16::from_le_bytes([table[34], table[35]]), 3 + 1 + 1 + 24 + 2);
+        assert_eq!(
+            u16::from_le_bytes([table[34], table[35]]),
+            3 + 1 + 1 + 24 + 2
+        );
         assert_eq!(
             u32::from_le_bytes(table[36..40].try_into().unwrap()),
             0xfee0_0000

@@ -7,8 +7,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::gdt::{self, BOOT_GDT};
 use super::layout::{
-    BOOT_STACK_POINTER, GDT_START, IDT_START, PDE_START, PDPTE_START, PML4_START,
-    ZERO_PAGE_START,
+    BOOT_STACK_POINTER, GDT_START, IDT_START, PDE_START, PDPTE_START, PML4_START, ZERO_PAGE_START,
 };
 
 const X86_CR0_PE: u64 = 1 << 0;
@@ -134,7 +133,10 @@ mod tests {
         let mut sregs = kvm_sregs::default();
         setup_sregs(&m, &mut sregs).unwrap();
         assert_eq!(sregs.cr3, PML4_START);
-        assert_eq!(sregs.cr0 & (X86_CR0_PE | X86_CR0_PG), X86_CR0_PE | X86_CR0_PG);
+        assert_eq!(
+            sregs.cr0 & (X86_CR0_PE | X86_CR0_PG),
+            X86_CR0_PE | X86_CR0_PG
+        );
         assert_ne!(sregs.cr4 & X86_CR4_PAE, 0);
         assert_eq!(sregs.efer & (EFER_LME | EFER_LMA), EFER_LME | EFER_LMA);
         assert_eq!(sregs.cs.selector, 0x10);
@@ -151,7 +153,10 @@ mod tests {
     #[test]
     fn regs_point_at_entry_and_zero_page() {
         let r = boot_regs(GuestAddress(0x100_0000));
-        assert_eq!((r.rip, r.rsi, r.rsp, r.rflags), (0x100_0000, 0x7000, 0x8ff0, 2));
+        assert_eq!(
+            (r.rip, r.rsi, r.rsp, r.rflags),
+            (0x100_0000, 0x7000, 0x8ff0, 2)
+        );
         let f = boot_fpu();
         assert_eq!((f.fcw, f.mxcsr), (0x37f, 0x1f80));
     }

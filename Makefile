@@ -1,0 +1,78 @@
+# mvm: `make demo` builds everything and runs a command in a microVM;
+# `make test` runs the whole test suite. See README.md.
+#
+# Expensive outputs (the kernel source and the two kernel builds) are cached
+# under $(MVM_CACHE) and reused across clean clones; everything else lands
+# in build/ (ignored by git):
+#   build/bin/mvm                  the VMM (static)
+#   build/share/mvm/vmlinux        guest kernel (+ kernel.release, source-*)
+#   build/share/mvm/initramfs.cpio guest initramfs: guest-init + busybox
+#   build/testhost/                test-host kernel and initramfs
+
+export MVM_CACHE ?= $(HOME)/.cache/mvm
+TARGET   := x86_64-unknown-linux-gnu
+# Static binaries: mvm runs inside the test host's bare initramfs and
+# guest-init is PID 1 of a guest with no libc. --target keeps crt-static
+# off build scripts and proc macros.
+STATIC   := RUSTFLAGS="-C target-feature=+crt-static"
+RELEASE  := target/$(TARGET)/release
+CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init -name '*.rs' -o -name Cargo.toml)
+
+SHARE    := build/share/mvm
+MVM      := build/bin/mvm
+KERNEL   := $(SHARE)/vmlinux
+INITRAMFS := $(SHARE)/initramfs.cpio
+TH_KERNEL := build/testhost/bzImage
+TH_INITRAMFS := build/testhost/initramfs.cpio
+
+.PHONY: all deps demo test unit kvm-test e2e lint clean
+all: $(MVM) $(KERNEL) $(INITRAMFS) $(TH_KERNEL) $(TH_INITRAMFS)
+
+deps: build/.deps
+build/.deps: scripts/install-deps.sh
+	scripts/install-deps.sh
+	@mkdir -p build && touch $@
+
+# The kernel builds are cached by guest-kernel/build.sh itself (keyed on the
+# config fragment and source version); this rule only copies the result.
+$(KERNEL): guest-kernel/guest.config guest-kernel/build.sh build/.deps
+	guest-kernel/build.sh guest-kernel/guest.config vmlinux $(SHARE)
+
+$(TH_KERNEL): tests/testhost/kernel.config guest-kernel/build.sh build/.deps
+	guest-kernel/build.sh tests/testhost/kernel.config bzImage build/testhost
+
+$(RELEASE)/mvm $(RELEASE)/mvm-init: $(CARGO_SRCS)
+	$(STATIC) cargo build --release --locked --target $(TARGET) -p mvm -p mvm-guest-init
+
+$(MVM): $(RELEASE)/mvm
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(INITRAMFS): $(RELEASE)/mvm-init rootfs/build.sh build/.deps
+	rootfs/build.sh $(RELEASE)/mvm-init $@
+
+$(TH_INITRAMFS): tests/testhost/build-initramfs.sh tests/testhost/init.sh build/.deps
+	tests/testhost/build-initramfs.sh $@
+
+# First README command: build everything, then run a command in a microVM
+# (through the test host where /dev/kvm cannot boot Linux).
+demo: all
+	tests/testhost/mvm run -- uname -a
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# Unit tests (no KVM) and the tiny-guest tests (this machine's /dev/kvm).
+unit:
+	cargo test --workspace --locked
+
+# End-to-end: the real binary, kernel and initramfs, through the test host.
+e2e: all
+	cargo test --locked -p mvm-e2e -- --ignored --test-threads=1
+
+# Second README command: everything.
+test: lint unit e2e
+
+clean:
+	rm -rf build target

@@ -1,0 +1,73 @@
+//! The boot sequence of PID 1, in order. Guest-only, no unit tests: each
+//! step acts on the real system.
+
+use std::ffi::CStr;
+use std::io;
+
+use crate::error::Error;
+use crate::vmm_port::Ports;
+use crate::{cmdline, console, mounts, reap, say, shutdown, spawn, status};
+
+/// Runs the whole guest lifetime and ends it with a reboot.
+pub fn run() -> ! {
+    let mut ports = None;
+    let status = match boot_and_run(&mut ports) {
+        Ok(status) => status,
+        Err(err) => {
+            say!("error: {err}");
+            status::INIT_FAILURE
+        }
+    };
+    shutdown::report_and_reboot(ports.as_ref(), status)
+}
+
+fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
+    // Try the console even if /dev failed to mount (the initramfs might
+    // carry a node), so that the mount error can be printed.
+    let dev = mounts::mount_dev();
+    let console = console::open();
+    // Ports next, whatever happened to the console, so that any failure
+    // still reaches the VMM as status 125. The VMM measures boot time up to
+    // this marker.
+    ports
+        .insert(Ports::enable().map_err(Error::Ports)?)
+        .boot_marker();
+    console?;
+    dev?;
+    mounts::mount_others()?;
+    mounts::ensure_dir(c"/root", 0o700)?;
+    say!("ready (kernel {})", kernel_release());
+
+    let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
+    let launch = cmdline::parse(&String::from_utf8_lossy(&line))?;
+    chdir(&launch.workdir)?;
+    let pid = spawn::spawn(&launch.argv, launch.interactive)?;
+    reap::wait_for(pid)
+}
+
+/// Changes init's own directory; the command inherits it across fork.
+fn chdir(dir: &CStr) -> Result<(), Error> {
+    // SAFETY: dir is a valid NUL-terminated string.
+    if unsafe { libc::chdir(dir.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(Error::Chdir {
+            path: dir.to_string_lossy().into_owned(),
+            source: io::Error::last_os_error(),
+        })
+    }
+}
+
+fn kernel_release() -> String {
+    // SAFETY: utsname is plain old data; all-zero is a valid value.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uts is a valid out-pointer; on success `release` holds a
+    // NUL-terminated string within the array.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return "unknown".into();
+    }
+    // SAFETY: see above; the array outlives the borrow.
+    unsafe { CStr::from_ptr(uts.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}

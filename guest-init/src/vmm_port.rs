@@ -1,0 +1,72 @@
+//! I/O ports through which the guest reports to the VMM.
+//!
+//! These numbers are a protocol: they must match `MVM_STATUS_PORT` and its
+//! offsets in the VMM's `vmm/src/arch/x86_64/layout.rs` and docs/protocol.md.
+//! Port I/O only works as a privileged process inside the guest, so this
+//! module has no unit tests.
+
+use std::io;
+
+/// First port of the mvm range (`MVM_STATUS_PORT` in the VMM).
+pub const PORT_BASE: u16 = 0x440;
+/// Number of ports in the range we ask `ioperm` for.
+pub const PORT_COUNT: u16 = 8;
+/// Offset 0: u8 boot progress marker.
+pub const BOOT_MARKER_PORT: u16 = PORT_BASE;
+/// Offset 4: u32 exit status of the guest command.
+pub const EXIT_STATUS_PORT: u16 = PORT_BASE + 4;
+/// Marker value meaning "guest-init reached userspace".
+pub const BOOT_MARKER_USERSPACE: u8 = 1;
+
+/// Proof that `ioperm` granted access to the mvm ports. An `out` without it
+/// would fault, killing PID 1 and panicking the kernel, so the port writes
+/// are only reachable through this type.
+pub struct Ports(());
+
+impl Ports {
+    /// Asks the kernel for access to the mvm port range.
+    pub fn enable() -> io::Result<Ports> {
+        // SAFETY: plain syscall with integer arguments; it only changes this
+        // process's I/O permission bitmap.
+        let rc = unsafe {
+            libc::ioperm(
+                libc::c_ulong::from(PORT_BASE),
+                libc::c_ulong::from(PORT_COUNT),
+                1,
+            )
+        };
+        if rc == 0 {
+            Ok(Ports(()))
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Tells the VMM that init is running in userspace (it timestamps this).
+    pub fn boot_marker(&self) {
+        // SAFETY: `self` proves ioperm covers this port; the VMM handles the
+        // write as a device access and no guest memory is touched.
+        unsafe {
+            std::arch::asm!(
+                "out dx, al",
+                in("dx") BOOT_MARKER_PORT,
+                in("al") BOOT_MARKER_USERSPACE,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+    }
+
+    /// Hands the guest command's exit status to the VMM.
+    pub fn exit_status(&self, status: u32) {
+        // SAFETY: `self` proves ioperm covers all four bytes of this port;
+        // the VMM handles the write as a device access, no memory touched.
+        unsafe {
+            std::arch::asm!(
+                "out dx, eax",
+                in("dx") EXIT_STATUS_PORT,
+                in("eax") status,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and the test suite need, only if
+# one is missing (so a warm machine does not touch apt at all).
+#   flex bison bc libelf-dev libssl-dev: building the guest kernel
+#   busybox-static cpio: the guest and test-host initramfs
+#   qemu-system-x86: the TCG test host (tests/testhost/)
+set -euo pipefail
+packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deps: installing ${missing[*]}" >&2
+if [ "$(id -u)" != 0 ]; then
+    echo "deps: missing Debian packages ${missing[*]}: run 'sudo make deps' or install them" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,72 @@
+//! Helpers for the end-to-end tests: they call `tests/testhost/mvm`, which
+//! runs the real `build/bin/mvm` directly on hardware KVM or inside the QEMU
+//! TCG test host otherwise (docs/testing.md), exactly as a user would.
+//!
+//! The tests need `make` to have built everything and take seconds each
+//! (a test-host boot plus a guest boot), so they are `#[ignore]`d for a
+//! plain `cargo test`; `make e2e` (part of `make test`) runs them with
+//! `--ignored`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+pub fn build_dir() -> PathBuf {
+    repo_root().join("build")
+}
+
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Self {
+        Run {
+            code: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// Runs `tests/testhost/mvm ARGS` with `stdin` as its input, in the repo
+/// root as working directory.
+pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
+    let mut child = Command::new(repo_root().join("tests/testhost/mvm"))
+        .args(args)
+        .current_dir(repo_root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tests/testhost/mvm");
+    let mut input = child.stdin.take().expect("stdin pipe");
+    input.write_all(stdin).expect("write stdin");
+    drop(input);
+    let out = child
+        .wait_with_output()
+        .expect("wait for tests/testhost/mvm");
+    let run = Run::from(out);
+    eprintln!(
+        "mvm {args:?} -> {:?}\n--- stdout\n{}--- stderr\n{}---",
+        run.code, run.stdout, run.stderr
+    );
+    run
+}
+
+/// The guest kernel's release string, as recorded by its build.
+pub fn guest_kernel_release() -> String {
+    std::fs::read_to_string(build_dir().join("share/mvm/kernel.release"))
+        .expect("build/share/mvm/kernel.release: run make")
+        .trim()
+        .to_string()
+}

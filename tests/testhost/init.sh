@@ -1,0 +1,107 @@
+#!/bin/sh
+# PID 1 of the test host (busybox sh). The test host is a QEMU TCG machine
+# with emulated AMD SVM, so its kernel (KVM_AMD built in) offers a working
+# /dev/kvm; it runs exactly one mvm command for tests/testhost/mvm and then
+# powers off.
+#
+# The wrapper hands everything over through 9p shares:
+#   mvmbuild  -> /mvm   the repo's build/ dir (read-only): bin/mvm, share/mvm/
+#   mvmio     -> /io    per-call dir: argv (NUL-separated), env (NUL-separated
+#                       NAME=VALUE), cwd, uid, gid, stdin; we write stdout,
+#                       stderr and, last, status
+#   workspace -> the caller's cwd, mounted at the same absolute path so the
+#                paths mvm is given mean the same thing here
+# /io/stdout and /io/stderr get only mvm's own output: everything this script
+# says goes to the test host console (the wrapper's console.log).
+
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+
+# The kernel could not open /dev/console for us (the initramfs has no /dev
+# nodes), so mount devtmpfs first and then take the console as stdio.
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+exec </dev/console >/dev/console 2>&1
+
+log() { echo "testhost: $*"; }
+
+# Any failure before mvm ran: say why on the console and power off. With no
+# /io/status the wrapper reports "stopped without a result" and shows this.
+die() {
+    log "error: $*"
+    sync
+    reboot -f
+    sleep 60 # reboot -f does not return; never fall off the end as PID 1
+}
+
+mount -t proc proc /proc || die "mount /proc"
+mount -t sysfs sysfs /sys || die "mount /sys"
+mount -t tmpfs -o mode=1777 tmpfs /tmp || die "mount /tmp"
+mount -t tmpfs -o mode=0755 tmpfs /run || die "mount /run"
+
+# 9p over virtio-pci. msize 512000 is the most the virtio transport accepts
+# (PAGE_SIZE * (VIRTQUEUE_NUM - 3)); QEMU warns about slow small msizes.
+# cache=mmap: no caching of data or metadata (the host sees every write at
+# once, and we see the host's), but mmap works, which the static mvm binary
+# and anything mvm maps from the workspace may need.
+p9opts=trans=virtio,version=9p2000.L,msize=512000,cache=mmap
+mount -t 9p -o "$p9opts" mvmio /io || die "mount the mvmio share at /io"
+mount -t 9p -o "$p9opts,ro" mvmbuild /mvm || die "mount the mvmbuild share at /mvm"
+
+cwd=$(cat /io/cwd) || die "no /io/cwd"
+uid=$(cat /io/uid) || die "no /io/uid"
+gid=$(cat /io/gid) || die "no /io/gid"
+case $cwd in
+/?*) ;;
+*) die "cwd '$cwd' is not an absolute path below /" ;;
+esac
+mkdir -p "$cwd" || die "mkdir $cwd"
+mount -t 9p -o "$p9opts" workspace "$cwd" || die "mount the workspace share at $cwd"
+
+# KVM_AMD is built in, so /dev/kvm normally exists before init runs; wait a
+# little anyway in case devtmpfs is late.
+i=0
+while [ ! -c /dev/kvm ]; do
+    i=$((i + 1))
+    [ $i -le 100 ] || die "/dev/kvm did not appear (no SVM? check -cpu)"
+    sleep 0.1
+done
+log "/dev/kvm ready at $(cut -d' ' -f1 /proc/uptime) s uptime"
+
+# argv: one NUL-terminated argument each, kept byte for byte (spaces,
+# newlines, quotes, empty arguments).
+set --
+while IFS= read -r -d '' a; do set -- "$@" "$a"; done </io/argv
+# Environment the wrapper forwards (MVM_*, RUST_LOG, RUST_BACKTRACE).
+if [ -f /io/env ]; then
+    while IFS= read -r -d '' kv; do export "$kv"; done </io/env
+fi
+# HOME and TMPDIR on the test host's own tmpfs, not on /tmp: the workspace
+# may be mounted over /tmp (a caller running in /tmp), and 9p cannot hold
+# what mvm may put in TMPDIR (unix sockets, for one).
+mkdir -p /run/home /run/tmp && chmod 1777 /run/tmp || die "mkdir /run/home /run/tmp"
+chown "$uid:$gid" /run/home || die "chown /run/home"
+export HOME=/run/home TMPDIR=/run/tmp
+
+# Run as the caller's uid/gid, like mvm would run on the host. busybox has
+# no setpriv --reuid or chpst, but its nsenter with no namespace options
+# just sets gid (clearing supplementary groups) and uid, then execs.
+# /dev/kvm is created root-only, so hand it to the caller.
+if [ "$uid" != 0 ] || [ "$gid" != 0 ]; then
+    chown "$uid:$gid" /dev/kvm || die "chown /dev/kvm"
+    set -- nsenter -F -G "$gid" -S "$uid" -- /mvm/bin/mvm "$@"
+else
+    set -- /mvm/bin/mvm "$@"
+fi
+
+cd "$cwd" || die "cd $cwd"
+log "running mvm ($# words, uid $uid gid $gid) in $cwd"
+"$@" </io/stdin >/io/stdout 2>/io/stderr
+status=$?
+log "mvm exited with status $status at $(cut -d' ' -f1 /proc/uptime) s uptime"
+
+# status last, and atomically: its presence means stdout/stderr are complete.
+cd /
+echo "$status" >/io/status.tmp && mv /io/status.tmp /io/status || log "error: could not write /io/status"
+sync
+# QEMU runs with -no-reboot, so this reset ends it.
+reboot -f
+sleep 60

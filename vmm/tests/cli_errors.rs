@@ -1,0 +1,151 @@
+//! What a user sees when `mvm` cannot start a VM: one line on stderr that
+//! says what to do, a documented exit code, and nothing on stdout. These run
+//! the real binary; none of them needs a bootable guest.
+
+use std::io::Write;
+use std::process::{Command, Output};
+
+const SETUP_FAILED: i32 = 125;
+const KVM_UNAVAILABLE: i32 = 122;
+
+fn mvm(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mvm"));
+    cmd.args(args)
+        .env_remove("MVM_KERNEL")
+        .env_remove("MVM_INITRD");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run mvm")
+}
+
+/// Exactly one line on stderr, starting with `mvm:`, containing `needle`.
+fn assert_one_line_error(out: &Output, code: i32, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr}");
+    assert!(stderr.starts_with("mvm: "), "{stderr}");
+    assert!(stderr.contains(needle), "expected '{needle}' in: {stderr}");
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+}
+
+#[test]
+fn missing_kernel_names_the_file_and_the_fix() {
+    let out = mvm(
+        &[
+            "run",
+            "--kernel",
+            "/nonexistent/vmlinux",
+            "--initrd",
+            "/nonexistent/initramfs.cpio",
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    // Without KVM here the KVM error comes first; both are one line.
+    if out.status.code() == Some(KVM_UNAVAILABLE) {
+        eprintln!("SKIP missing-kernel check: KVM unavailable on this host");
+        return;
+    }
+    assert_one_line_error(&out, SETUP_FAILED, "/nonexistent/vmlinux' does not exist");
+}
+
+#[test]
+fn a_file_that_is_not_a_kernel_is_refused() {
+    let f = vmm_sys_util::tempfile::TempFile::new().unwrap();
+    f.as_file().write_all(b"not a kernel at all").unwrap();
+    let path = f.as_path().to_str().unwrap();
+    let out = mvm(&["boot", "--kernel", path, "--memory", "64M"], &[]);
+    if out.status.code() == Some(KVM_UNAVAILABLE) {
+        eprintln!("SKIP bad-kernel check: KVM unavailable on this host");
+        return;
+    }
+    assert_one_line_error(&out, SETUP_FAILED, "is not a loadable x86-64 Linux kernel");
+}
+
+#[test]
+fn memory_too_small() {
+    let out = mvm(&["run", "--memory", "16M", "--", "true"], &[]);
+    assert_one_line_error(&out, SETUP_FAILED, "too small");
+}
+
+#[test]
+fn bad_memory_size_and_cpu_count() {
+    let out = mvm(&["run", "--memory", "lots", "--", "true"], &[]);
+    assert_one_line_error(&out, SETUP_FAILED, "not a size");
+    let out = mvm(&["run", "--cpus", "99", "--", "true"], &[]);
+    assert_one_line_error(&out, SETUP_FAILED, "--cpus must be between 1 and 32");
+}
+
+#[test]
+fn unknown_flag_is_a_usage_error() {
+    let out = mvm(&["run", "--no-such-flag", "--", "true"], &[]);
+    assert_eq!(out.status.code(), Some(SETUP_FAILED));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--no-such-flag"), "{stderr}");
+}
+
+#[test]
+fn no_kvm_device() {
+    let out = mvm(
+        &["run", "--", "true"],
+        &[("MVM_KVM_DEVICE", "/nonexistent/kvm")],
+    );
+    assert_one_line_error(&out, KVM_UNAVAILABLE, "/nonexistent/kvm does not exist");
+}
+
+#[test]
+fn kvm_device_without_permission() {
+    // Root opens any file regardless of its mode, so the check drops to
+    // the `nobody` user where it can; otherwise it runs as the caller.
+    let f = vmm_sys_util::tempfile::TempFile::new().unwrap();
+    let path = f.as_path().to_str().unwrap().to_string();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let is_root = current_uid() == 0;
+    let out = if is_root {
+        let Ok(out) = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_mvm"))
+            .args(["run", "--", "true"])
+            .env("MVM_KVM_DEVICE", &path)
+            .output()
+        else {
+            eprintln!("SKIP permission check: running as root and setpriv is missing");
+            return;
+        };
+        out
+    } else {
+        mvm(&["run", "--", "true"], &[("MVM_KVM_DEVICE", &path)])
+    };
+    if String::from_utf8_lossy(&out.stderr).contains("Permission denied (os error 13)")
+        && out.status.code() != Some(KVM_UNAVAILABLE)
+    {
+        eprintln!("SKIP permission check: nobody cannot execute the test binary here");
+        return;
+    }
+    assert_one_line_error(&out, KVM_UNAVAILABLE, "no permission to open");
+}
+
+fn current_uid() -> u32 {
+    // /proc/self/status "Uid:" line, real uid first: avoids unsafe libc.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        })
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+#[test]
+fn help_documents_exit_codes() {
+    let out = mvm(&["--help"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for code in ["121", "122", "123", "124", "125", "126", "127"] {
+        assert!(help.contains(code), "exit code {code} missing from --help");
+    }
+}
