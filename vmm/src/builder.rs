@@ -21,7 +21,7 @@ use crate::arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START};
 use crate::arch::x86_64::{boot_params, mptable};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
-use crate::device_manager::{self, DeviceEnv, SerialConsole};
+use crate::device_manager::{self, DeviceEnv, SerialConsole, Subscriber};
 use crate::vcpu::{self, StopSignal, Vcpu};
 use crate::{kernel, memory, vm};
 
@@ -61,6 +61,8 @@ pub struct Vmm {
     pub vcpus: Vec<Vcpu>,
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
+    /// Device work for the event loop thread.
+    pub subscribers: Vec<Subscriber>,
     pub stop: StopSignal,
     pub serial: SerialConsole,
     pub report: GuestReport,
@@ -82,11 +84,17 @@ pub fn build(config: &VmConfig, console: ConsoleOutput) -> Result<Vmm, Error> {
     let report = GuestReport::default();
     let panic_seen = console.panic_flag();
     let mut pio = Bus::new();
+    let mut mmio = Bus::new();
     let mut cmdline_extra = Vec::new();
+    let mut subscribers = Vec::new();
     let mut env = DeviceEnv {
         vm: &vm,
+        mem: &mem,
         pio: &mut pio,
+        mmio: &mut mmio,
         cmdline_extra: &mut cmdline_extra,
+        subscribers: &mut subscribers,
+        virtio_slots: 0,
     };
     let serial = device_manager::attach_serial(&mut env, console)?;
     device_manager::attach_i8042(&mut env, &stop.evt)?;
@@ -134,7 +142,8 @@ pub fn build(config: &VmConfig, console: ConsoleOutput) -> Result<Vmm, Error> {
         mem,
         vcpus,
         pio: Arc::new(pio),
-        mmio: Arc::new(Bus::new()),
+        mmio: Arc::new(mmio),
+        subscribers,
         stop,
         serial,
         report,

@@ -6,15 +6,18 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use event_manager::MutEventSubscriber;
 use kvm_ioctls::VmFd;
 use mvm_devices::bus::{self, Bus};
 use mvm_devices::legacy::{
     EventFdTrigger, GuestReport, Serial, StatusPort, I8042, STATUS_PORT_LEN,
 };
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::x86_64::layout::{
     I8042_PORT, I8042_PORT_LEN, MVM_STATUS_PORT, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
+    VIRTIO_IRQ_BASE, VIRTIO_IRQ_LAST, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE,
 };
 use crate::console::ConsoleOutput;
 
@@ -26,15 +29,51 @@ pub enum Error {
     Irqfd(&'static str, io::Error),
     #[error("device address conflict: {0}")]
     Bus(#[from] bus::Error),
+    #[error("no free virtio-mmio slot (IRQs {VIRTIO_IRQ_BASE}-{VIRTIO_IRQ_LAST} are taken)")]
+    NoVirtioSlot,
 }
 
 pub type SerialConsole = Arc<Mutex<Serial<ConsoleOutput>>>;
 
+/// An event-loop subscriber a device hands over (its queue-notify
+/// ioeventfds, its backend sockets); the runner registers it.
+pub type Subscriber = Box<dyn MutEventSubscriber + Send>;
+
 /// What attaching devices needs from the VM being built.
 pub struct DeviceEnv<'a> {
     pub vm: &'a VmFd,
+    pub mem: &'a GuestMemoryMmap,
     pub pio: &'a mut Bus,
+    pub mmio: &'a mut Bus,
     pub cmdline_extra: &'a mut Vec<String>,
+    pub subscribers: &'a mut Vec<Subscriber>,
+    /// virtio-mmio slots handed out so far.
+    pub virtio_slots: u32,
+}
+
+/// The MMIO window, IRQ and kernel parameter of one virtio-mmio device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtioSlot {
+    pub base: u64,
+    pub irq: u32,
+}
+
+impl DeviceEnv<'_> {
+    /// The next free virtio-mmio window and IRQ; also declares the device to
+    /// the guest kernel (`virtio_mmio.device=4K@<base>:<irq>`).
+    pub fn next_virtio_slot(&mut self) -> Result<VirtioSlot, Error> {
+        let irq = VIRTIO_IRQ_BASE + self.virtio_slots;
+        if irq > VIRTIO_IRQ_LAST {
+            return Err(Error::NoVirtioSlot);
+        }
+        let base = VIRTIO_MMIO_BASE + u64::from(self.virtio_slots) * VIRTIO_MMIO_SIZE;
+        self.virtio_slots += 1;
+        self.cmdline_extra.push(format!(
+            "virtio_mmio.device={}K@{base:#x}:{irq}",
+            VIRTIO_MMIO_SIZE >> 10
+        ));
+        Ok(VirtioSlot { base, irq })
+    }
 }
 
 fn eventfd(what: &'static str) -> Result<EventFd, Error> {

@@ -146,6 +146,11 @@ impl EventLoop {
         })
     }
 
+    /// Adds device work (ioeventfds, backend sockets) to the loop.
+    pub fn add_subscriber(&mut self, subscriber: Box<dyn MutEventSubscriber + Send>) {
+        self.manager.add_subscriber(subscriber);
+    }
+
     /// Forwards this process's stdin to the guest console.
     pub fn forward_stdin(&mut self, serial: SerialConsole) {
         let pending = Arc::new(Mutex::new(Vec::new()));

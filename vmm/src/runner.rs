@@ -47,6 +47,9 @@ pub struct RunOptions {
 
 pub fn run(vmm: Vmm, opts: RunOptions) -> Result<RunReport, Error> {
     let mut event_loop = EventLoop::new(vmm.stop.evt.clone())?;
+    for subscriber in vmm.subscribers {
+        event_loop.add_subscriber(subscriber);
+    }
     if opts.forward_stdin {
         event_loop.forward_stdin(vmm.serial.clone());
     }

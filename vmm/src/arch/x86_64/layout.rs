@@ -47,6 +47,14 @@ pub const KVM_TSS_ADDRESS: u64 = 0xfffb_d000;
 pub const IOAPIC_START: u64 = 0xfec0_0000;
 pub const APIC_START: u64 = 0xfee0_0000;
 
+/// virtio-mmio devices: one 4 KiB window each from the start of the MMIO
+/// gap, and one IOAPIC pin each from VIRTIO_IRQ_BASE (5-23 are free: 4 is
+/// the UART, 0-3 and the rest of the ISA range are legacy).
+pub const VIRTIO_MMIO_BASE: u64 = MMIO_GAP_START;
+pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
+pub const VIRTIO_IRQ_BASE: u32 = 5;
+pub const VIRTIO_IRQ_LAST: u32 = 23;
+
 /// The 8250 console: COM1 and its legacy IRQ.
 pub const SERIAL_PORT: u64 = 0x3f8;
 pub const SERIAL_PORT_LEN: u64 = 8;
