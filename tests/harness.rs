@@ -43,6 +43,9 @@ impl From<Output> for Run {
 pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
     let mut child = Command::new(repo_root().join("tests/testhost/mvm"))
         .args(args)
+        // A hung test host fails the test in minutes, not the wrapper's
+        // default quarter of an hour.
+        .env("MVM_TESTHOST_TIMEOUT", "180")
         .current_dir(repo_root())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
