@@ -16,7 +16,7 @@ TARGET   := x86_64-unknown-linux-gnu
 # off build scripts and proc macros.
 STATIC   := RUSTFLAGS="-C target-feature=+crt-static"
 RELEASE  := target/$(TARGET)/release
-CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init -name '*.rs' -o -name Cargo.toml)
+CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol -name '*.rs' -o -name Cargo.toml)
 
 SHARE    := build/share/mvm
 MVM      := build/bin/mvm

@@ -61,7 +61,9 @@ pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
     let run = Run::from(out);
     eprintln!(
         "mvm {args:?} -> {:?}\n--- stdout\n{}--- stderr\n{}---",
-        run.code, run.stdout, run.stderr
+        run.code,
+        clip(&run.stdout),
+        clip(&run.stderr)
     );
     run
 }
@@ -72,4 +74,13 @@ pub fn guest_kernel_release() -> String {
         .expect("build/share/mvm/kernel.release: run make")
         .trim()
         .to_string()
+}
+
+/// At most a few KiB of an output, for the test log.
+fn clip(text: &str) -> &str {
+    let mut end = text.len().min(4096);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }

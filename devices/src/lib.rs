@@ -6,3 +6,4 @@
 
 pub mod bus;
 pub mod legacy;
+pub mod virtio;

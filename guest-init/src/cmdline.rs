@@ -4,11 +4,14 @@
 //! `mvm.cmd=<hex>`: lowercase hex of argv joined with NUL bytes. Hex keeps
 //! arbitrary bytes (spaces, quotes, `=`) away from the kernel's own parser.
 //! `mvm.workdir=<hex>`: hex of the working directory, default `/`.
+//! `mvm.agent=1`: the VMM gave the guest a vsock device; serve the exec
+//! channel (docs/protocol.md, version 1) instead of running `mvm.cmd`.
 
 use std::ffi::{CStr, CString};
 
 pub const CMD_PARAM: &str = "mvm.cmd";
 pub const WORKDIR_PARAM: &str = "mvm.workdir";
+pub const AGENT_PARAM: &str = "mvm.agent";
 /// Run when the VMM passes no command: an interactive shell on the console.
 pub const DEFAULT_COMMAND: &CStr = c"/bin/sh";
 pub const DEFAULT_WORKDIR: &CStr = c"/";
@@ -71,6 +74,12 @@ pub fn parse(cmdline: &str) -> Result<Launch, ParseError> {
         workdir,
         interactive,
     })
+}
+
+/// Whether the VMM asked for the exec agent (`mvm.agent=1`). Any other
+/// value means no, so that `mvm.agent=0` on a user's `--cmdline` turns it off.
+pub fn agent_requested(cmdline: &str) -> bool {
+    param(cmdline, AGENT_PARAM).as_deref() == Some("1")
 }
 
 /// Value of `name=value` on the command line; the last one wins, as in the
@@ -235,6 +244,16 @@ mod tests {
         // A quoted value of another param must not be mistaken for ours.
         assert_eq!(param("foo=\"a mvm.cmd=61\"", CMD_PARAM), None);
         assert_eq!(param("mvm.cmd=\"61\"", CMD_PARAM).as_deref(), Some("61"));
+    }
+
+    #[test]
+    fn agent_param() {
+        assert!(agent_requested("console=ttyS0 mvm.agent=1 quiet"));
+        assert!(!agent_requested("console=ttyS0 quiet"));
+        assert!(!agent_requested("mvm.agent=0"));
+        assert!(!agent_requested("mvm.agent"));
+        assert!(!agent_requested("mvm.agent=1 mvm.agent=0"), "last one wins");
+        assert!(!agent_requested("xmvm.agent=1"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::ffi::CStr;
 use std::io;
 
+use crate::agent::AgentError;
 use crate::cmdline::ParseError;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,4 +35,6 @@ pub enum Error {
     Fork(#[source] io::Error),
     #[error("waitpid: {0}")]
     Wait(#[source] io::Error),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
 }

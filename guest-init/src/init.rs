@@ -6,7 +6,7 @@ use std::io;
 
 use crate::error::Error;
 use crate::vmm_port::Ports;
-use crate::{cmdline, console, mounts, reap, say, shutdown, spawn, status};
+use crate::{agent, cmdline, console, mounts, reap, say, shutdown, spawn, status};
 
 /// Runs the whole guest lifetime and ends it with a reboot.
 pub fn run() -> ! {
@@ -39,7 +39,12 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     say!("ready (kernel {})", kernel_release());
 
     let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
-    let launch = cmdline::parse(&String::from_utf8_lossy(&line))?;
+    let line = String::from_utf8_lossy(&line);
+    if cmdline::agent_requested(&line) {
+        // The VMM gave us a vsock device: the command comes over it.
+        return Ok(agent::run()?);
+    }
+    let launch = cmdline::parse(&line)?;
     chdir(&launch.workdir)?;
     let pid = spawn::spawn(&launch.argv, launch.interactive)?;
     reap::wait_for(pid)

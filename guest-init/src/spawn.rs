@@ -5,18 +5,15 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::ptr;
 
+use crate::errno::strerror;
 use crate::error::Error;
 use crate::status::{EXEC_FAILED, EXEC_NOT_FOUND};
 
+/// `PATH` of every command init runs (the exec agent's too).
+pub const PATH: &CStr = c"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// The command's whole environment; nothing from the kernel leaks through.
-const ENV: [(&CStr, &CStr); 3] = [
-    (
-        c"PATH",
-        c"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    ),
-    (c"HOME", c"/root"),
-    (c"TERM", c"linux"),
-];
+const ENV: [(&CStr, &CStr); 3] = [(c"PATH", PATH), (c"HOME", c"/root"), (c"TERM", c"linux")];
 
 /// Forks and execs `argv` (searched in PATH) in the current directory with
 /// the console as stdio. Returns the child's pid. With `controlling_tty` the
@@ -77,18 +74,4 @@ fn exec_child(argv: &[*const libc::c_char], controlling_tty: bool) -> ! {
     // SAFETY: _exit skips atexit handlers and stdio flushing that belong to
     // the parent's copy of the process.
     unsafe { libc::_exit(code) }
-}
-
-/// The C library's message for `errno`, without Rust's "(os error N)".
-fn strerror(errno: i32) -> String {
-    let mut buf = [0 as libc::c_char; 128];
-    // SAFETY: buf is writable for its full length; the XSI strerror_r the
-    // libc crate binds always NUL-terminates on success.
-    if unsafe { libc::strerror_r(errno, buf.as_mut_ptr(), buf.len()) } != 0 {
-        return format!("error {errno}");
-    }
-    // SAFETY: strerror_r succeeded, so buf holds a NUL-terminated string.
-    unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
 }

@@ -16,7 +16,7 @@ fn boot_reaches_guest_init_and_powers_off_cleanly() {
             "build/share/mvm/vmlinux",
             "--initrd",
             "build/share/mvm/initramfs.cpio",
-            "--print-boot-time",
+            "--print-stats",
         ],
         b"echo shell-says-hi\nexit 0\n",
     );
@@ -55,7 +55,14 @@ fn run_sees_the_guest_kernel_not_the_hosts() {
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn guest_kernel_panic_has_its_own_exit_code() {
     let run = mvm(
-        &["run", "--", "sh", "-c", "echo c > /proc/sysrq-trigger"],
+        &[
+            "run",
+            "--root",
+            "--",
+            "sh",
+            "-c",
+            "echo c > /proc/sysrq-trigger",
+        ],
         b"",
     );
     assert_eq!(run.code, Some(121), "documented code for a guest crash");

@@ -80,6 +80,7 @@ pub fn build(config: &VmConfig, console: ConsoleOutput) -> Result<Vmm, Error> {
     let stop = StopSignal {
         reason: Arc::new(Mutex::new(None)),
         evt: Arc::new(EventFd::new(EFD_NONBLOCK).map_err(Error::StopEvent)?),
+        stopped: Arc::new(AtomicBool::new(false)),
     };
     let report = GuestReport::default();
     let panic_seen = console.panic_flag();
@@ -99,6 +100,9 @@ pub fn build(config: &VmConfig, console: ConsoleOutput) -> Result<Vmm, Error> {
     let serial = device_manager::attach_serial(&mut env, console)?;
     device_manager::attach_i8042(&mut env, &stop.evt)?;
     device_manager::attach_status_port(&mut env, report.clone())?;
+    if let Some(vsock) = &config.vsock {
+        device_manager::attach_vsock(&mut env, vsock.cid, &vsock.uds_path)?;
+    }
 
     let kernel = kernel::load_kernel(&mem, &config.kernel)?;
     let initrd = match &config.initrd {

@@ -10,7 +10,7 @@ use crate::builder;
 use crate::config::{self, VmConfig};
 use crate::console::ConsoleOutput;
 use crate::exit_code;
-use crate::guest_cmd;
+use crate::run_command;
 use crate::runner::{self, Outcome, RunOptions};
 use crate::vm;
 
@@ -41,10 +41,14 @@ pub enum Command {
         #[command(flatten)]
         vm: VmArgs,
     },
-    /// Run CMD in a fresh microVM and exit with its status.
+    /// Run CMD in a fresh microVM and exit with its status. Its stdout and
+    /// stderr come back separately; the guest console goes to a log in the
+    /// session directory (see --console).
     Run {
         #[command(flatten)]
         vm: VmArgs,
+        #[command(flatten)]
+        run: RunArgs,
         /// The command and its arguments, after `--`.
         #[arg(required = true, last = true, value_name = "CMD")]
         argv: Vec<String>,
@@ -73,16 +77,46 @@ pub struct VmArgs {
     /// Destroy the VM after this many seconds (exit status 124)
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
-    /// Print the time from mvm's start to guest-init's first instruction
-    /// (the boot marker) on stderr
+    /// Print measurements on stderr at the end: boot to init (mvm start to
+    /// guest-init's boot marker), wall time, CPU time and peak RSS of the
+    /// mvm process (VMM threads and vCPUs together)
     #[arg(long)]
-    pub print_boot_time: bool,
+    pub print_stats: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Forward stdin to the command (otherwise it reads end-of-file)
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Run the command on a pseudo-terminal in the guest (with -i: an
+    /// interactive shell; the window size follows this terminal)
+    #[arg(short, long)]
+    pub tty: bool,
+    /// Set an environment variable for the command (repeatable)
+    #[arg(short, long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory of the command in the guest
+    #[arg(short, long, value_name = "DIR", default_value = "/")]
+    pub workdir: String,
+    /// Run the command as root in the guest (default: your own uid and gid)
+    #[arg(long)]
+    pub root: bool,
+    /// Most processes the command's user may have in the guest
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_procs: u64,
+    /// Copy the guest console (kernel and init messages) to stderr
+    #[arg(long)]
+    pub console: bool,
+    /// Print no guest console lines when the guest crashes
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 /// A failure before or while running the VM: message and exit code.
-struct Failure {
-    message: String,
-    code: i32,
+pub(crate) struct Failure {
+    pub message: String,
+    pub code: i32,
 }
 
 impl From<builder::Error> for Failure {
@@ -100,7 +134,7 @@ impl From<builder::Error> for Failure {
     }
 }
 
-fn setup_failure(message: impl ToString) -> Failure {
+pub(crate) fn setup_failure(message: impl ToString) -> Failure {
     Failure {
         message: message.to_string(),
         code: exit_code::SETUP_FAILED,
@@ -137,6 +171,7 @@ fn vm_config(args: &VmArgs, cmdline: String) -> Result<VmConfig, Failure> {
         cmdline,
         vcpus,
         mem_size,
+        vsock: None,
     })
 }
 
@@ -151,19 +186,31 @@ fn timeout(args: &VmArgs) -> Result<Option<Duration>, Failure> {
 }
 
 fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
-    let (args, cmdline, is_run) = match &cli.command {
-        Command::Boot { vm } => (vm, format!("{BASE_CMDLINE} {}", vm.cmdline), false),
-        Command::Run { vm, argv } => (
-            vm,
-            format!(
-                "{BASE_CMDLINE} quiet {} {}",
-                guest_cmd::cmdline_params(argv, None),
-                vm.cmdline
-            ),
-            true,
-        ),
-    };
-    let config = vm_config(args, cmdline)?;
+    match cli.command {
+        Command::Boot { vm } => boot(&vm, started),
+        Command::Run { vm, run, argv } => {
+            let cmdline = format!("{BASE_CMDLINE} quiet mvm.agent=1 {}", vm.cmdline);
+            let config = vm_config(&vm, cmdline)?;
+            let timeout = timeout(&vm)?;
+            run_command::run(
+                config,
+                &run,
+                argv,
+                RunOptions {
+                    started,
+                    timeout,
+                    forward_stdin: false,
+                },
+                vm.print_stats,
+            )
+        }
+    }
+}
+
+/// `mvm boot`: the console is the interface; the run ends when the guest
+/// powers off.
+fn boot(args: &VmArgs, started: Instant) -> Result<i32, Failure> {
+    let config = vm_config(args, format!("{BASE_CMDLINE} {}", args.cmdline))?;
     let timeout = timeout(args)?;
     let console = ConsoleOutput::new(Box::new(std::io::stdout()));
     let vmm = builder::build(&config, console)?;
@@ -172,48 +219,72 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
         RunOptions {
             started,
             timeout,
-            forward_stdin: !is_run,
+            forward_stdin: true,
         },
     )
-    .map_err(|e| Failure {
+    .map_err(vmm_failure)?;
+    print_stats(args.print_stats, started, &report);
+    match report.outcome {
+        Outcome::Exited(_) | Outcome::Stopped => Ok(0),
+        other => Err(outcome_failure(other, args.timeout)),
+    }
+}
+
+pub(crate) fn vmm_failure(e: runner::Error) -> Failure {
+    Failure {
         message: e.to_string(),
         code: exit_code::VMM_FAILED,
-    })?;
-
-    if args.print_boot_time {
-        match report.boot_to_init {
-            Some(d) => eprintln!("mvm: boot to init: {:.1} ms", d.as_secs_f64() * 1e3),
-            None => eprintln!("mvm: boot to init: no boot marker from the guest"),
-        }
     }
-    match report.outcome {
-        Outcome::Exited(status) if is_run => match i32::try_from(status) {
-            Ok(code) if code <= 255 => Ok(code),
-            _ => Err(Failure {
-                message: format!("the guest reported an impossible exit status {status}"),
-                code: exit_code::GUEST_CRASHED,
-            }),
+}
+
+pub(crate) fn print_stats(wanted: bool, started: Instant, report: &runner::RunReport) {
+    if !wanted {
+        return;
+    }
+    match report.boot_to_init {
+        Some(d) => eprintln!("mvm: boot to init: {:.1} ms", d.as_secs_f64() * 1e3),
+        None => eprintln!("mvm: boot to init: no boot marker from the guest"),
+    }
+    eprintln!("mvm: wall: {:.3} s", started.elapsed().as_secs_f64());
+    if let Some(usage) = self_usage() {
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        eprintln!(
+            "mvm: cpu: {:.3} s",
+            secs(usage.ru_utime) + secs(usage.ru_stime)
+        );
+        eprintln!("mvm: peak rss: {} KiB", usage.ru_maxrss);
+    }
+}
+
+fn self_usage() -> Option<libc::rusage> {
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the valid out-pointer it is given.
+    (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0).then_some(usage)
+}
+
+/// The failure for a run that ended without the command's exit status.
+pub(crate) fn outcome_failure(outcome: Outcome, timeout: Option<f64>) -> Failure {
+    match outcome {
+        Outcome::Panicked => Failure {
+            message: "the guest kernel panicked (see the guest console)".into(),
+            code: exit_code::GUEST_CRASHED,
         },
-        Outcome::Exited(_) | Outcome::Stopped if !is_run => Ok(0),
-        Outcome::Stopped | Outcome::Exited(_) => Err(Failure {
-            message: "the guest stopped without reporting the command's exit status (an unexpected reboot or crash; the console output above says more)".into(),
-            code: exit_code::GUEST_CRASHED,
-        }),
-        Outcome::Panicked => Err(Failure {
-            message: "the guest kernel panicked (its console output above says why)".into(),
-            code: exit_code::GUEST_CRASHED,
-        }),
-        Outcome::TimedOut => Err(Failure {
+        Outcome::TimedOut => Failure {
             message: format!(
                 "the guest did not finish within --timeout {}s; the VM was destroyed",
-                args.timeout.unwrap_or_default()
+                timeout.unwrap_or_default()
             ),
             code: exit_code::TIMEOUT,
-        }),
-        Outcome::Failed(why) => Err(Failure {
+        },
+        Outcome::Failed(why) => Failure {
             message: why,
             code: exit_code::VMM_FAILED,
-        }),
+        },
+        Outcome::Exited(_) | Outcome::Stopped => Failure {
+            message: "the guest stopped without reporting the command's exit status (an unexpected reboot or crash; see the guest console)".into(),
+            code: exit_code::GUEST_CRASHED,
+        },
     }
 }
 
@@ -253,7 +324,7 @@ mod tests {
     fn run_takes_the_command_after_double_dash() {
         let cli = parse(&["run", "--cpus", "2", "--", "sh", "-c", "exit 3"]).unwrap();
         match cli.command {
-            Command::Run { vm, argv } => {
+            Command::Run { vm, argv, .. } => {
                 assert_eq!(argv, ["sh", "-c", "exit 3"]);
                 assert_eq!(vm.cpus, 2);
                 assert_eq!(vm.memory, "512M");

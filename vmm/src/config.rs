@@ -27,6 +27,22 @@ pub struct VmConfig {
     pub cmdline: String,
     pub vcpus: u8,
     pub mem_size: u64,
+    /// A virtio-vsock device whose host side is a Unix socket; None for
+    /// none.
+    pub vsock: Option<VsockConfig>,
+}
+
+/// The guest CID mvm's host client and guest agent agree on.
+pub const VSOCK_GUEST_CID: u64 = 3;
+
+/// Firecracker-style "hybrid" vsock: the VMM listens on `uds_path`; a host
+/// client connects there and writes `CONNECT <guest port>\n` (see
+/// devices/src/virtio/vsock/mod.rs). The path must not exist yet, and
+/// whoever chose it removes it after the VM ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VsockConfig {
+    pub cid: u64,
+    pub uds_path: PathBuf,
 }
 
 /// Parses "512M", "1G", "1024K", "2g", "268435456" (bytes), "512MiB".

@@ -4,14 +4,17 @@
 //! idea), so adding a device touches one place.
 
 use std::io;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use event_manager::MutEventSubscriber;
-use kvm_ioctls::VmFd;
+use kvm_ioctls::{IoEventAddress, VmFd};
 use mvm_devices::bus::{self, Bus};
 use mvm_devices::legacy::{
     EventFdTrigger, GuestReport, Serial, StatusPort, I8042, STATUS_PORT_LEN,
 };
+use mvm_devices::virtio::{mmio, vsock, Interrupt, MmioTransport, NOTIFY_REG_OFFSET};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -31,6 +34,16 @@ pub enum Error {
     Bus(#[from] bus::Error),
     #[error("no free virtio-mmio slot (IRQs {VIRTIO_IRQ_BASE}-{VIRTIO_IRQ_LAST} are taken)")]
     NoVirtioSlot,
+    #[error("cannot register the {0} queue notifications with KVM: {1}")]
+    Ioeventfd(&'static str, io::Error),
+    #[error("cannot listen on the vsock socket {0}: it already exists (remove it or choose another path)")]
+    VsockSocketExists(String),
+    #[error("cannot listen on the vsock socket {0}: {1}")]
+    VsockSocket(String, io::Error),
+    #[error(transparent)]
+    Vsock(#[from] vsock::Error),
+    #[error(transparent)]
+    VirtioMmio(#[from] mmio::Error),
 }
 
 pub type SerialConsole = Arc<Mutex<Serial<ConsoleOutput>>>;
@@ -109,5 +122,55 @@ pub fn attach_i8042(env: &mut DeviceEnv, reset: &EventFd) -> Result<(), Error> {
 pub fn attach_status_port(env: &mut DeviceEnv, report: GuestReport) -> Result<(), Error> {
     let dev = Arc::new(Mutex::new(StatusPort::new(report)));
     env.pio.insert(dev, MVM_STATUS_PORT, STATUS_PORT_LEN)?;
+    Ok(())
+}
+
+/// The vsock device (guest CID `cid`) on the next virtio-mmio slot: its
+/// irqfd, one ioeventfd per queue on QueueNotify (datamatch: the queue
+/// index), and the Unix socket at `uds_path` host clients connect to. The
+/// event-loop half goes to `env.subscribers`.
+pub fn attach_vsock(env: &mut DeviceEnv, cid: u64, uds_path: &Path) -> Result<(), Error> {
+    let shown = uds_path.display().to_string();
+    let listener = UnixListener::bind(uds_path).map_err(|e| match e.kind() {
+        io::ErrorKind::AddrInUse => Error::VsockSocketExists(shown.clone()),
+        _ => Error::VsockSocket(shown.clone(), e),
+    })?;
+    // The socket file is ours from here; a VM that is not built leaves none.
+    wire_vsock(env, cid, listener).inspect_err(|_| {
+        let _ = std::fs::remove_file(uds_path);
+    })
+}
+
+fn wire_vsock(env: &mut DeviceEnv, cid: u64, listener: UnixListener) -> Result<(), Error> {
+    let slot = env.next_virtio_slot()?;
+    let irq = eventfd("the vsock interrupt")?;
+    env.vm
+        .register_irqfd(&irq, slot.irq)
+        .map_err(|e| Error::Irqfd("vsock", io::Error::from_raw_os_error(e.errno())))?;
+    let mut queue_evts = Vec::with_capacity(vsock::defs::QUEUE_COUNT);
+    let mut notify_evts = Vec::with_capacity(vsock::defs::QUEUE_COUNT);
+    for queue in 0..vsock::defs::QUEUE_COUNT {
+        let evt = eventfd("a vsock queue notification")?;
+        // The guest's QueueNotify write then never leaves KVM: it signals
+        // the eventfd the device's handler waits on.
+        env.vm
+            .register_ioevent(
+                &evt,
+                &IoEventAddress::Mmio(slot.base + NOTIFY_REG_OFFSET),
+                queue as u32,
+            )
+            .map_err(|e| Error::Ioeventfd("vsock", io::Error::from_raw_os_error(e.errno())))?;
+        notify_evts.push(
+            evt.try_clone()
+                .map_err(|e| Error::EventFd("a vsock queue notification", e))?,
+        );
+        queue_evts.push(evt);
+    }
+    let (device, handler) = vsock::new(cid, listener, queue_evts)?;
+    let interrupt = Arc::new(Interrupt::new(irq));
+    let transport = MmioTransport::new(device, env.mem.clone(), interrupt, notify_evts)?;
+    env.mmio
+        .insert(Arc::new(Mutex::new(transport)), slot.base, VIRTIO_MMIO_SIZE)?;
+    env.subscribers.push(Box::new(handler));
     Ok(())
 }

@@ -131,9 +131,9 @@ pub enum Wait {
 }
 
 impl EventLoop {
-    pub fn new(stop_evt: Arc<EventFd>) -> Result<Self, Error> {
+    /// `stopped` is set once the stop eventfd fires.
+    pub fn new(stop_evt: Arc<EventFd>, stopped: Arc<AtomicBool>) -> Result<Self, Error> {
         let mut manager = EventManager::new().map_err(Error::Create)?;
-        let stopped = Arc::new(AtomicBool::new(false));
         let watcher: Box<dyn MutEventSubscriber + Send> = Box::new(StopWatcher {
             evt: stop_evt,
             stopped: stopped.clone(),

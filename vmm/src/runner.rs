@@ -38,6 +38,7 @@ pub struct RunReport {
     pub boot_to_init: Option<Duration>,
 }
 
+#[derive(Debug, Clone)]
 pub struct RunOptions {
     /// When the mvm process started; the boot marker is measured from here.
     pub started: Instant,
@@ -45,8 +46,14 @@ pub struct RunOptions {
     pub forward_stdin: bool,
 }
 
+impl RunOptions {
+    pub fn timeout_secs(&self) -> Option<f64> {
+        self.timeout.map(|t| t.as_secs_f64())
+    }
+}
+
 pub fn run(vmm: Vmm, opts: RunOptions) -> Result<RunReport, Error> {
-    let mut event_loop = EventLoop::new(vmm.stop.evt.clone())?;
+    let mut event_loop = EventLoop::new(vmm.stop.evt.clone(), vmm.stop.stopped.clone())?;
     for subscriber in vmm.subscribers {
         event_loop.add_subscriber(subscriber);
     }

@@ -48,6 +48,8 @@ pub enum VcpuStop {
 pub struct StopSignal {
     pub reason: Arc<Mutex<Option<VcpuStop>>>,
     pub evt: Arc<EventFd>,
+    /// Set by the event loop once it has seen the stop.
+    pub stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StopSignal {

@@ -120,6 +120,7 @@ fn run_guest(code: &[u8], vcpus: u8, timeout: Option<Duration>) -> (Outcome, Str
         cmdline: "console=ttyS0".into(),
         vcpus,
         mem_size: 64 << 20,
+        vsock: None,
     };
     let out = Captured::default();
     let started = Instant::now();

@@ -1,0 +1,106 @@
+//! What a virtio device shows its transport, and the interrupt line they
+//! share.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+/// Why a device refused to start with what the driver set up.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("the device needs {expected} queues, the transport has {got}")]
+    QueueCount { expected: usize, got: usize },
+    #[error("queue {0} is not ready or lies outside guest memory")]
+    BadQueue(usize),
+    #[error("cannot wake the device's event handler: {0}")]
+    Wake(String),
+}
+
+/// The device side of the InterruptStatus register plus the irqfd behind it.
+/// Shared between the transport (vCPU threads read and acknowledge) and the
+/// device's event handler (which raises): atomics, so neither waits on the
+/// other's lock.
+pub struct Interrupt {
+    status: AtomicU32,
+    irqfd: EventFd,
+}
+
+impl Interrupt {
+    pub fn new(irqfd: EventFd) -> Self {
+        Self {
+            status: AtomicU32::new(0),
+            irqfd,
+        }
+    }
+
+    /// The device put buffers in a used ring.
+    pub fn signal_used_queue(&self) -> io::Result<()> {
+        self.raise(VIRTIO_MMIO_INT_VRING)
+    }
+
+    /// The device's configuration or status changed (e.g. DEVICE_NEEDS_RESET).
+    pub fn signal_config_change(&self) -> io::Result<()> {
+        self.raise(VIRTIO_MMIO_INT_CONFIG)
+    }
+
+    fn raise(&self, bit: u32) -> io::Result<()> {
+        self.status.fetch_or(bit, Ordering::SeqCst);
+        self.irqfd.write(1)
+    }
+
+    /// InterruptStatus as the driver reads it.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    /// InterruptACK: clears exactly the bits the driver saw, so a bit raised
+    /// between its read and its ack stays pending.
+    pub fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::SeqCst);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.status.store(0, Ordering::SeqCst);
+    }
+
+    /// The irqfd, for tests that check an interrupt was (or was not) sent.
+    pub fn irqfd(&self) -> &EventFd {
+        &self.irqfd
+    }
+}
+
+/// What a device gets when the driver sets DRIVER_OK.
+pub struct Activation {
+    pub mem: GuestMemoryMmap,
+    /// One per queue the device declared, in order, as the driver set them up.
+    pub queues: Vec<Queue>,
+    pub interrupt: Arc<Interrupt>,
+    pub acked_features: u64,
+}
+
+/// A device behind a virtio transport. The transport owns feature
+/// negotiation, queue setup and the status state machine; the device says
+/// what it offers and takes over the queues once the driver is done.
+pub trait VirtioDevice: Send {
+    /// The virtio device ID (5.x of the spec).
+    fn device_type(&self) -> u32;
+    /// The maximum size of each queue; the count is the device's queue count.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Feature bits offered, VIRTIO_F_VERSION_1 included.
+    fn features(&self) -> u64;
+    /// A driver read of the device configuration space at `offset`.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// A driver write of the device configuration space at `offset`.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// The driver set DRIVER_OK: start serving the queues.
+    fn activate(&mut self, activation: Activation) -> Result<(), Error>;
+    /// The driver wrote 0 to Status: drop the queues and every piece of
+    /// state the driver knew about. After this returns the device no longer
+    /// touches guest memory through the old queues.
+    fn reset(&mut self);
+}

@@ -1,0 +1,612 @@
+//! The virtio-mmio transport, version 2 (virtio 1.2 section 4.2): the
+//! register window the guest driver programs, in front of a
+//! [`VirtioDevice`].
+//!
+//! vCPU threads reach it through the MMIO bus, each access under the bus's
+//! per-device Mutex. It negotiates features, collects each queue's size and
+//! ring addresses, runs the status state machine and hands the queues to the
+//! device at DRIVER_OK. Queue notifications normally never get here: the VMM
+//! registers one ioeventfd per queue on [`NOTIFY_REG_OFFSET`] so KVM signals
+//! the device's eventfd without leaving the kernel; a notify write that does
+//! reach the bus signals the same eventfd.
+
+use std::sync::Arc;
+
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
+    VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1,
+};
+use virtio_bindings::virtio_mmio as reg;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::device::{Activation, Interrupt, VirtioDevice};
+use crate::bus::BusDevice;
+
+/// "virt" in little endian.
+const MAGIC_VALUE: u32 = 0x7472_6976;
+/// The modern (virtio 1.x) register layout; version 1 is the legacy one.
+const MMIO_VERSION: u32 = 2;
+/// No PCI vendor stands behind this device; drivers do not look at it.
+const VENDOR_ID: u32 = 0;
+/// Reading the length of a shared memory region that does not exist gives
+/// all ones (4.2.2); this device has none.
+const NO_SHM: u32 = u32::MAX;
+
+/// Where QueueNotify sits: the VMM's ioeventfds match writes here, with the
+/// queue index as datamatch.
+pub const NOTIFY_REG_OFFSET: u64 = reg::VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+const CONFIG_OFFSET: u64 = reg::VIRTIO_MMIO_CONFIG as u64;
+
+// The register offsets as match patterns.
+const MAGIC: u64 = reg::VIRTIO_MMIO_MAGIC_VALUE as u64;
+const VERSION: u64 = reg::VIRTIO_MMIO_VERSION as u64;
+const DEVICE_ID: u64 = reg::VIRTIO_MMIO_DEVICE_ID as u64;
+const VENDOR: u64 = reg::VIRTIO_MMIO_VENDOR_ID as u64;
+const DEVICE_FEATURES: u64 = reg::VIRTIO_MMIO_DEVICE_FEATURES as u64;
+const DEVICE_FEATURES_SEL: u64 = reg::VIRTIO_MMIO_DEVICE_FEATURES_SEL as u64;
+const DRIVER_FEATURES: u64 = reg::VIRTIO_MMIO_DRIVER_FEATURES as u64;
+const DRIVER_FEATURES_SEL: u64 = reg::VIRTIO_MMIO_DRIVER_FEATURES_SEL as u64;
+const QUEUE_SEL: u64 = reg::VIRTIO_MMIO_QUEUE_SEL as u64;
+const QUEUE_NUM_MAX: u64 = reg::VIRTIO_MMIO_QUEUE_NUM_MAX as u64;
+const QUEUE_NUM: u64 = reg::VIRTIO_MMIO_QUEUE_NUM as u64;
+const QUEUE_READY: u64 = reg::VIRTIO_MMIO_QUEUE_READY as u64;
+const QUEUE_NOTIFY: u64 = NOTIFY_REG_OFFSET;
+const INTERRUPT_STATUS: u64 = reg::VIRTIO_MMIO_INTERRUPT_STATUS as u64;
+const INTERRUPT_ACK: u64 = reg::VIRTIO_MMIO_INTERRUPT_ACK as u64;
+const STATUS: u64 = reg::VIRTIO_MMIO_STATUS as u64;
+const QUEUE_DESC_LOW: u64 = reg::VIRTIO_MMIO_QUEUE_DESC_LOW as u64;
+const QUEUE_DESC_HIGH: u64 = reg::VIRTIO_MMIO_QUEUE_DESC_HIGH as u64;
+const QUEUE_DRIVER_LOW: u64 = reg::VIRTIO_MMIO_QUEUE_AVAIL_LOW as u64;
+const QUEUE_DRIVER_HIGH: u64 = reg::VIRTIO_MMIO_QUEUE_AVAIL_HIGH as u64;
+const QUEUE_DEVICE_LOW: u64 = reg::VIRTIO_MMIO_QUEUE_USED_LOW as u64;
+const QUEUE_DEVICE_HIGH: u64 = reg::VIRTIO_MMIO_QUEUE_USED_HIGH as u64;
+const SHM_LEN_LOW: u64 = reg::VIRTIO_MMIO_SHM_LEN_LOW as u64;
+const SHM_LEN_HIGH: u64 = reg::VIRTIO_MMIO_SHM_LEN_HIGH as u64;
+const SHM_BASE_LOW: u64 = reg::VIRTIO_MMIO_SHM_BASE_LOW as u64;
+const SHM_BASE_HIGH: u64 = reg::VIRTIO_MMIO_SHM_BASE_HIGH as u64;
+const CONFIG_GENERATION: u64 = reg::VIRTIO_MMIO_CONFIG_GENERATION as u64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the device has {queues} queues but {evts} notify eventfds were given")]
+    NotifyCount { queues: usize, evts: usize },
+    #[error("the device declares an invalid queue size: {0}")]
+    QueueSize(virtio_queue::Error),
+}
+
+pub struct MmioTransport<D: VirtioDevice> {
+    device: D,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<Interrupt>,
+    /// One per queue, signalled for a QueueNotify write that reaches the bus.
+    queue_evts: Vec<EventFd>,
+    /// The driver's view of the queues; the device gets copies at DRIVER_OK.
+    queues: Vec<Queue>,
+    queue_select: u32,
+    device_features_select: u32,
+    driver_features_select: u32,
+    acked_features: u64,
+    status: u32,
+    /// Never changes: the only config field mvm's devices have is fixed.
+    config_generation: u32,
+}
+
+impl<D: VirtioDevice> MmioTransport<D> {
+    pub fn new(
+        device: D,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<Interrupt>,
+        queue_evts: Vec<EventFd>,
+    ) -> Result<Self, Error> {
+        let queues = device
+            .queue_max_sizes()
+            .iter()
+            .map(|&max| Queue::new(max))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Error::QueueSize)?;
+        if queues.len() != queue_evts.len() {
+            return Err(Error::NotifyCount {
+                queues: queues.len(),
+                evts: queue_evts.len(),
+            });
+        }
+        Ok(Self {
+            device,
+            mem,
+            interrupt,
+            queue_evts,
+            queues,
+            queue_select: 0,
+            device_features_select: 0,
+            driver_features_select: 0,
+            acked_features: 0,
+            status: 0,
+            config_generation: 0,
+        })
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The device status the driver last set (plus NEEDS_RESET if the device
+    /// could not start).
+    pub fn status(&self) -> u32 {
+        self.status
+    }
+
+    fn driver_ok(&self) -> bool {
+        self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0
+    }
+
+    /// The selected queue while its configuration may still change: before
+    /// DRIVER_OK and while the driver has not marked it ready.
+    fn configurable_queue(&mut self) -> Option<&mut Queue> {
+        if self.driver_ok() {
+            return None;
+        }
+        self.queues
+            .get_mut(self.queue_select as usize)
+            .filter(|q| !q.ready())
+    }
+
+    fn selected_queue(&self) -> Option<&Queue> {
+        self.queues.get(self.queue_select as usize)
+    }
+
+    fn features_acceptable(&self) -> bool {
+        let offered = self.device.features();
+        self.acked_features & !offered == 0 && self.acked_features & (1 << VIRTIO_F_VERSION_1) != 0
+    }
+
+    fn reset(&mut self) {
+        self.device.reset();
+        for q in &mut self.queues {
+            q.reset();
+        }
+        self.queue_select = 0;
+        self.device_features_select = 0;
+        self.driver_features_select = 0;
+        self.acked_features = 0;
+        self.status = 0;
+        self.interrupt.clear();
+    }
+
+    fn activate(&mut self) -> Result<(), super::device::Error> {
+        let queues = self
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| Queue::try_from(q.state()).map_err(|_| super::device::Error::BadQueue(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.device.activate(Activation {
+            mem: self.mem.clone(),
+            queues,
+            interrupt: self.interrupt.clone(),
+            acked_features: self.acked_features,
+        })
+    }
+
+    /// Status writes (2.1, 3.1.1): 0 resets; otherwise the driver only adds
+    /// bits. FEATURES_OK sticks only if the acked features are acceptable;
+    /// DRIVER_OK starts the device, or sets NEEDS_RESET if it cannot start.
+    fn write_status(&mut self, value: u32) {
+        if value == 0 {
+            self.reset();
+            return;
+        }
+        let old = self.status;
+        if value & old != old {
+            // Clearing a bit without a reset is a driver bug; ignore it.
+            return;
+        }
+        let added = value & !old;
+        let mut new = value;
+        if added & VIRTIO_CONFIG_S_FEATURES_OK != 0 && !self.features_acceptable() {
+            new &= !VIRTIO_CONFIG_S_FEATURES_OK;
+        }
+        if added & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
+            if new & VIRTIO_CONFIG_S_FEATURES_OK == 0 {
+                new &= !VIRTIO_CONFIG_S_DRIVER_OK;
+            } else if self.activate().is_err() {
+                new |= VIRTIO_CONFIG_S_NEEDS_RESET;
+                // The driver learns about NEEDS_RESET from a config interrupt;
+                // if the irqfd cannot be written it finds out on its next
+                // status read instead.
+                let _ = self.interrupt.signal_config_change();
+            }
+        }
+        self.status = new;
+    }
+
+    fn read_reg(&self, offset: u64) -> u32 {
+        match offset {
+            MAGIC => MAGIC_VALUE,
+            VERSION => MMIO_VERSION,
+            DEVICE_ID => self.device.device_type(),
+            VENDOR => VENDOR_ID,
+            DEVICE_FEATURES => match self.device_features_select {
+                0 => self.device.features() as u32,
+                1 => (self.device.features() >> 32) as u32,
+                _ => 0,
+            },
+            QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| q.max_size().into()),
+            QUEUE_READY => self.selected_queue().map_or(0, |q| q.ready().into()),
+            INTERRUPT_STATUS => self.interrupt.status(),
+            STATUS => self.status,
+            SHM_LEN_LOW | SHM_LEN_HIGH | SHM_BASE_LOW | SHM_BASE_HIGH => NO_SHM,
+            CONFIG_GENERATION => self.config_generation,
+            // Write-only or unknown registers read as zero.
+            _ => 0,
+        }
+    }
+
+    fn write_reg(&mut self, offset: u64, value: u32) {
+        let features_writable = self.status & VIRTIO_CONFIG_S_DRIVER != 0
+            && self.status & VIRTIO_CONFIG_S_FEATURES_OK == 0;
+        match offset {
+            DEVICE_FEATURES_SEL => self.device_features_select = value,
+            DRIVER_FEATURES_SEL => self.driver_features_select = value,
+            DRIVER_FEATURES if features_writable => {
+                let value = u64::from(value);
+                match self.driver_features_select {
+                    0 => self.acked_features = (self.acked_features & !0xffff_ffff) | value,
+                    1 => self.acked_features = (self.acked_features & 0xffff_ffff) | value << 32,
+                    // No feature bits beyond 63 exist; acking one is ignored.
+                    _ => {}
+                }
+            }
+            QUEUE_SEL => self.queue_select = value,
+            QUEUE_NUM => {
+                if let Some(q) = self.configurable_queue() {
+                    // An invalid size (not a power of two, above the maximum)
+                    // is refused by the queue and leaves the old one.
+                    q.set_size(value as u16);
+                }
+            }
+            QUEUE_READY if !self.driver_ok() => {
+                if let Some(q) = self.queues.get_mut(self.queue_select as usize) {
+                    q.set_ready(value == 1);
+                }
+            }
+            QUEUE_DESC_LOW | QUEUE_DESC_HIGH | QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH
+            | QUEUE_DEVICE_LOW | QUEUE_DEVICE_HIGH => {
+                if let Some(q) = self.configurable_queue() {
+                    let (low, high) = if offset & 4 == 0 {
+                        (Some(value), None)
+                    } else {
+                        (None, Some(value))
+                    };
+                    match offset {
+                        QUEUE_DESC_LOW | QUEUE_DESC_HIGH => q.set_desc_table_address(low, high),
+                        QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH => q.set_avail_ring_address(low, high),
+                        _ => q.set_used_ring_address(low, high),
+                    }
+                }
+            }
+            QUEUE_NOTIFY => {
+                if let Some(evt) = self.queue_evts.get(value as usize) {
+                    // The counter only fails on overflow; the device's handler
+                    // drains it, so a failed write means a wakeup is pending.
+                    let _ = evt.write(1);
+                }
+            }
+            INTERRUPT_ACK => self.interrupt.ack(value),
+            STATUS => self.write_status(value),
+            // Read-only registers, features outside the negotiation window,
+            // queue setup after DRIVER_OK: ignored, as the spec asks.
+            _ => {}
+        }
+    }
+}
+
+impl<D: VirtioDevice> BusDevice for MmioTransport<D> {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if offset >= CONFIG_OFFSET {
+            self.device.read_config(offset - CONFIG_OFFSET, data);
+            return;
+        }
+        // Registers are 32 bits wide and accessed as such (4.2.2.2); any
+        // other access reads as zero.
+        match <&mut [u8; 4]>::try_from(&mut *data) {
+            Ok(word) if offset.is_multiple_of(4) => *word = self.read_reg(offset).to_le_bytes(),
+            _ => data.fill(0),
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset >= CONFIG_OFFSET {
+            self.device.write_config(offset - CONFIG_OFFSET, data);
+            return;
+        }
+        if let (Ok(word), true) = (<[u8; 4]>::try_from(data), offset.is_multiple_of(4)) {
+            self.write_reg(offset, u32::from_le_bytes(word));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
+    use vm_memory::GuestAddress;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    use super::*;
+    use crate::virtio::device::Error as DeviceError;
+
+    const DEVICE_TYPE: u32 = 42;
+    /// VERSION_1 plus one device-specific bit in each half.
+    const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1) | (1 << 33) | 1;
+    const ACK_DRIVER: u32 = 1 | VIRTIO_CONFIG_S_DRIVER;
+
+    #[derive(Default)]
+    struct Dummy {
+        activated: Vec<Vec<virtio_queue::QueueState>>,
+        acked: u64,
+        resets: usize,
+        refuse: bool,
+    }
+
+    impl VirtioDevice for Dummy {
+        fn device_type(&self) -> u32 {
+            DEVICE_TYPE
+        }
+        fn queue_max_sizes(&self) -> &[u16] {
+            &[16, 8]
+        }
+        fn features(&self) -> u64 {
+            FEATURES
+        }
+        fn read_config(&self, offset: u64, data: &mut [u8]) {
+            for (i, b) in data.iter_mut().enumerate() {
+                *b = offset as u8 + i as u8 + 1;
+            }
+        }
+        fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+        fn activate(&mut self, a: Activation) -> Result<(), DeviceError> {
+            if self.refuse {
+                return Err(DeviceError::BadQueue(0));
+            }
+            self.acked = a.acked_features;
+            self.activated
+                .push(a.queues.iter().map(|q| q.state()).collect());
+            Ok(())
+        }
+        fn reset(&mut self) {
+            self.resets += 1;
+        }
+    }
+
+    struct Setup {
+        t: MmioTransport<Dummy>,
+        evts: Vec<EventFd>,
+        interrupt: Arc<Interrupt>,
+    }
+
+    fn setup() -> Setup {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let evts: Vec<EventFd> = (0..2)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+        let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+        let t = MmioTransport::new(Dummy::default(), mem, interrupt.clone(), clones).unwrap();
+        Setup { t, evts, interrupt }
+    }
+
+    fn r(t: &mut MmioTransport<Dummy>, offset: u64) -> u32 {
+        let mut data = [0xffu8; 4];
+        t.read(offset, &mut data);
+        u32::from_le_bytes(data)
+    }
+
+    fn w(t: &mut MmioTransport<Dummy>, offset: u64, value: u32) {
+        t.write(offset, &value.to_le_bytes());
+    }
+
+    /// ACKNOWLEDGE, DRIVER, features (VERSION_1 only), FEATURES_OK.
+    fn negotiate(t: &mut MmioTransport<Dummy>) {
+        w(t, STATUS, ACK_DRIVER);
+        w(t, DRIVER_FEATURES_SEL, 1);
+        w(t, DRIVER_FEATURES, 1);
+        w(t, DRIVER_FEATURES_SEL, 0);
+        w(t, DRIVER_FEATURES, 0);
+        w(t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+    }
+
+    /// Queue 0 at size 16, queue 1 at size 8, ready, rings in memory.
+    fn setup_queues(t: &mut MmioTransport<Dummy>) {
+        for (sel, size, base) in [(0, 16, 0x1000), (1, 8, 0x3000)] {
+            w(t, QUEUE_SEL, sel);
+            w(t, QUEUE_NUM, size);
+            w(t, QUEUE_DESC_LOW, base);
+            w(t, QUEUE_DESC_HIGH, 0);
+            w(t, QUEUE_DRIVER_LOW, base + 0x400);
+            w(t, QUEUE_DEVICE_LOW, base + 0x800);
+            w(t, QUEUE_READY, 1);
+        }
+    }
+
+    #[test]
+    fn identifies_as_a_modern_virtio_mmio_device() {
+        let mut s = setup();
+        assert_eq!(r(&mut s.t, MAGIC), 0x7472_6976);
+        assert_eq!(r(&mut s.t, VERSION), 2);
+        assert_eq!(r(&mut s.t, DEVICE_ID), DEVICE_TYPE);
+        assert_eq!(r(&mut s.t, VENDOR), VENDOR_ID);
+        assert_eq!(r(&mut s.t, SHM_LEN_LOW), u32::MAX);
+        // Registers are 32-bit only: other widths and misaligned reads give 0.
+        let mut byte = [0xffu8; 1];
+        s.t.read(MAGIC, &mut byte);
+        assert_eq!(byte, [0]);
+        let mut wide = [0xffu8; 8];
+        s.t.read(MAGIC, &mut wide);
+        assert_eq!(wide, [0; 8]);
+        assert_eq!(r(&mut s.t, MAGIC + 2), 0);
+    }
+
+    #[test]
+    fn device_features_are_read_through_the_selector() {
+        let mut s = setup();
+        assert_eq!(r(&mut s.t, DEVICE_FEATURES), FEATURES as u32);
+        w(&mut s.t, DEVICE_FEATURES_SEL, 1);
+        assert_eq!(r(&mut s.t, DEVICE_FEATURES), (FEATURES >> 32) as u32);
+        w(&mut s.t, DEVICE_FEATURES_SEL, 2);
+        assert_eq!(r(&mut s.t, DEVICE_FEATURES), 0);
+    }
+
+    #[test]
+    fn negotiation_keeps_features_ok_only_for_acceptable_features() {
+        let mut s = setup();
+        // Before DRIVER the feature window is closed.
+        w(&mut s.t, DRIVER_FEATURES_SEL, 1);
+        w(&mut s.t, DRIVER_FEATURES, 1);
+        w(&mut s.t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+        assert_eq!(r(&mut s.t, STATUS), ACK_DRIVER, "no VERSION_1 acked yet");
+
+        // An unoffered feature (bit 34) is refused.
+        w(&mut s.t, DRIVER_FEATURES, 0b101);
+        w(&mut s.t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+        assert_eq!(r(&mut s.t, STATUS), ACK_DRIVER);
+
+        // VERSION_1 and bit 33 through the high window, bit 0 through the low.
+        w(&mut s.t, DRIVER_FEATURES, 0b11);
+        w(&mut s.t, DRIVER_FEATURES_SEL, 0);
+        w(&mut s.t, DRIVER_FEATURES, 1);
+        w(&mut s.t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+        assert_eq!(
+            r(&mut s.t, STATUS),
+            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK
+        );
+        // Once FEATURES_OK is set the features are frozen.
+        w(&mut s.t, DRIVER_FEATURES, 0);
+        setup_queues(&mut s.t);
+        w(
+            &mut s.t,
+            STATUS,
+            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+        );
+        assert_eq!(s.t.device().acked, FEATURES);
+    }
+
+    #[test]
+    fn queues_are_configured_per_selector_and_handed_over_at_driver_ok() {
+        let mut s = setup();
+        negotiate(&mut s.t);
+        assert_eq!(r(&mut s.t, QUEUE_NUM_MAX), 16);
+        w(&mut s.t, QUEUE_SEL, 1);
+        assert_eq!(r(&mut s.t, QUEUE_NUM_MAX), 8);
+        w(&mut s.t, QUEUE_SEL, 2);
+        assert_eq!(r(&mut s.t, QUEUE_NUM_MAX), 0, "no queue 2");
+        assert_eq!(r(&mut s.t, QUEUE_READY), 0);
+        setup_queues(&mut s.t);
+        // Not a power of two, or above the maximum: refused, size unchanged.
+        w(&mut s.t, QUEUE_SEL, 0);
+        assert_eq!(r(&mut s.t, QUEUE_READY), 1);
+        w(&mut s.t, QUEUE_READY, 0);
+        w(&mut s.t, QUEUE_NUM, 12);
+        w(&mut s.t, QUEUE_NUM, 32);
+        w(&mut s.t, QUEUE_DESC_HIGH, 1);
+        w(&mut s.t, QUEUE_READY, 1);
+        // A ready queue's addresses no longer change.
+        w(&mut s.t, QUEUE_DESC_LOW, 0x8000);
+
+        w(
+            &mut s.t,
+            STATUS,
+            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+        );
+        let activated = &s.t.device().activated;
+        assert_eq!(activated.len(), 1);
+        let q = activated[0][0];
+        assert_eq!((q.size, q.ready), (16, true));
+        assert_eq!(q.desc_table, 0x1_0000_1000);
+        assert_eq!((q.avail_ring, q.used_ring), (0x1400, 0x1800));
+        let q = activated[0][1];
+        assert_eq!((q.size, q.desc_table), (8, 0x3000));
+
+        // After DRIVER_OK queue setup is ignored.
+        w(&mut s.t, QUEUE_SEL, 1);
+        w(&mut s.t, QUEUE_READY, 0);
+        assert_eq!(r(&mut s.t, QUEUE_READY), 1);
+    }
+
+    #[test]
+    fn driver_ok_needs_features_ok_and_a_willing_device() {
+        let mut s = setup();
+        w(&mut s.t, STATUS, ACK_DRIVER);
+        w(&mut s.t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_DRIVER_OK);
+        assert_eq!(r(&mut s.t, STATUS), ACK_DRIVER);
+        assert!(s.t.device().activated.is_empty());
+
+        let mut s = setup();
+        s.t.device.refuse = true;
+        negotiate(&mut s.t);
+        setup_queues(&mut s.t);
+        let ok = ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK;
+        w(&mut s.t, STATUS, ok);
+        assert_eq!(r(&mut s.t, STATUS), ok | VIRTIO_CONFIG_S_NEEDS_RESET);
+        assert_eq!(r(&mut s.t, INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
+        assert_eq!(s.interrupt.irqfd().read().unwrap(), 1);
+    }
+
+    #[test]
+    fn writing_zero_to_status_resets_everything() {
+        let mut s = setup();
+        negotiate(&mut s.t);
+        setup_queues(&mut s.t);
+        w(
+            &mut s.t,
+            STATUS,
+            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+        );
+        s.interrupt.signal_used_queue().unwrap();
+        // Clearing bits without a reset is ignored.
+        w(&mut s.t, STATUS, 1);
+        assert_ne!(r(&mut s.t, STATUS), 1);
+
+        w(&mut s.t, STATUS, 0);
+        assert_eq!(r(&mut s.t, STATUS), 0);
+        assert_eq!(s.t.device().resets, 1);
+        assert_eq!(r(&mut s.t, INTERRUPT_STATUS), 0);
+        for sel in 0..2 {
+            w(&mut s.t, QUEUE_SEL, sel);
+            assert_eq!(r(&mut s.t, QUEUE_READY), 0);
+        }
+        // The driver starts over: features must be negotiated again.
+        w(&mut s.t, STATUS, ACK_DRIVER);
+        w(&mut s.t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+        assert_eq!(r(&mut s.t, STATUS), ACK_DRIVER);
+    }
+
+    #[test]
+    fn queue_notify_on_the_bus_signals_the_queue_eventfd() {
+        let mut s = setup();
+        w(&mut s.t, QUEUE_NOTIFY, 1);
+        assert_eq!(s.evts[1].read().unwrap(), 1);
+        assert!(s.evts[0].read().is_err(), "queue 0 was not notified");
+        w(&mut s.t, QUEUE_NOTIFY, 7);
+        assert!(s.evts.iter().all(|e| e.read().is_err()));
+    }
+
+    #[test]
+    fn interrupt_ack_clears_only_the_acked_bits() {
+        let mut s = setup();
+        s.interrupt.signal_used_queue().unwrap();
+        s.interrupt.signal_config_change().unwrap();
+        assert_eq!(r(&mut s.t, INTERRUPT_STATUS), 3);
+        w(&mut s.t, INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
+        assert_eq!(r(&mut s.t, INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
+    }
+
+    #[test]
+    fn config_space_is_the_devices_at_any_width() {
+        let mut s = setup();
+        let mut data = [0u8; 8];
+        s.t.read(CONFIG_OFFSET + 2, &mut data);
+        assert_eq!(data, [3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(r(&mut s.t, CONFIG_GENERATION), 0);
+    }
+}

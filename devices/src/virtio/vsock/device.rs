@@ -1,0 +1,122 @@
+//! The vsock device as its transport sees it (device ID 19): features,
+//! the guest CID in config space, and handing the queues to the event-loop
+//! handler at activation.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::defs::{QUEUE_COUNT, QUEUE_SIZE};
+use crate::virtio::device::{Activation, Error, Interrupt, VirtioDevice};
+
+/// The running device's queues, owned by whoever holds the lock: the vCPU
+/// thread installing or dropping them (activate, reset), or the event loop
+/// thread serving them. Holding the lock across a whole queue pass is what
+/// makes a reset wait until the handler no longer touches the old rings.
+pub(super) struct Active {
+    pub mem: GuestMemoryMmap,
+    pub queues: Vec<Queue>,
+    pub interrupt: Arc<Interrupt>,
+}
+
+#[derive(Default)]
+pub(super) struct Shared {
+    pub active: Option<Active>,
+    /// Counts resets, so the handler knows the guest forgot its connections
+    /// even if a new activation came before the handler ran.
+    pub resets: u64,
+}
+
+pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic on the other thread leaves the queues as consistent as they
+    // were; carrying on beats taking the VMM down.
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Vsock {
+    cid: u64,
+    shared: Arc<Mutex<Shared>>,
+    /// Wakes the handler after activate and reset.
+    wake: EventFd,
+}
+
+impl Vsock {
+    pub(super) fn new(cid: u64, shared: Arc<Mutex<Shared>>, wake: EventFd) -> Self {
+        Self { cid, shared, wake }
+    }
+
+    pub fn cid(&self) -> u64 {
+        self.cid
+    }
+
+    fn wake_handler(&self) -> Result<(), Error> {
+        self.wake.write(1).map_err(|e| Error::Wake(e.to_string()))
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_VSOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE; QUEUE_COUNT]
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1
+    }
+
+    /// `struct virtio_vsock_config { le64 guest_cid; }`
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let config = self.cid.to_le_bytes();
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = start
+                .checked_add(i)
+                .and_then(|at| config.get(at))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
+    /// The config space is read-only.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    fn activate(&mut self, activation: Activation) -> Result<(), Error> {
+        let Activation {
+            mem,
+            queues,
+            interrupt,
+            acked_features: _,
+        } = activation;
+        if queues.len() != QUEUE_COUNT {
+            return Err(Error::QueueCount {
+                expected: QUEUE_COUNT,
+                got: queues.len(),
+            });
+        }
+        if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
+            return Err(Error::BadQueue(bad));
+        }
+        lock(&self.shared).active = Some(Active {
+            mem,
+            queues,
+            interrupt,
+        });
+        self.wake_handler()
+    }
+
+    fn reset(&mut self) {
+        let mut shared = lock(&self.shared);
+        shared.active = None;
+        shared.resets += 1;
+        drop(shared);
+        // If the wakeup cannot be written, one is already pending.
+        let _ = self.wake_handler();
+    }
+}

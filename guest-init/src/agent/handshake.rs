@@ -1,0 +1,200 @@
+//! The start of a connection: the `Hello` exchange, then the one `Exec`.
+//! Generic over the stream, so it is unit-tested on the host with an
+//! in-memory one; the agent runs it on the blocking vsock connection.
+
+use std::io::{Read, Write};
+
+use mvm_protocol::{
+    check_host_version, ExecRequest, FrameError, FrameReader, Hello, Kind, Message, VersionError,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("reading from the host: {0}")]
+    Read(#[source] FrameError),
+    #[error("writing to the host: {0}")]
+    Write(#[source] FrameError),
+    #[error("the host closed the connection before its {0:?} message")]
+    Closed(Kind),
+    #[error("expected a {expected:?} message from the host, got {got:?}")]
+    Unexpected { expected: Kind, got: Kind },
+    #[error(transparent)]
+    Version(#[from] VersionError),
+}
+
+impl HandshakeError {
+    /// Whether the host can still be told about it with an `Error` message.
+    pub fn tell_host(&self) -> bool {
+        !matches!(self, HandshakeError::Write(_) | HandshakeError::Closed(_))
+    }
+}
+
+/// Reads the host's `Hello`, always answers with ours (so the host learns
+/// our version even if it sent something else), then checks its version.
+pub fn hello<S: Read + Write>(stream: &mut S) -> Result<(), HandshakeError> {
+    let first = FrameReader::new(&mut *stream).read_message();
+    Message::Hello(Hello::current())
+        .encode(stream)
+        .map_err(HandshakeError::Write)?;
+    match expect(first, Kind::Hello)? {
+        Message::Hello(hello) => Ok(check_host_version(hello.version)?),
+        other => Err(unexpected(Kind::Hello, &other)),
+    }
+}
+
+/// Reads the `Exec` request that follows the hello. Reads exactly its
+/// frame, so stdin the host sent right after it stays in the stream.
+pub fn read_exec<S: Read>(stream: &mut S) -> Result<ExecRequest, HandshakeError> {
+    match expect(FrameReader::new(stream).read_message(), Kind::Exec)? {
+        Message::Exec(request) => Ok(request),
+        other => Err(unexpected(Kind::Exec, &other)),
+    }
+}
+
+fn expect(
+    read: Result<Option<Message>, FrameError>,
+    kind: Kind,
+) -> Result<Message, HandshakeError> {
+    read.map_err(HandshakeError::Read)?
+        .ok_or(HandshakeError::Closed(kind))
+}
+
+fn unexpected(expected: Kind, got: &Message) -> HandshakeError {
+    HandshakeError::Unexpected {
+        expected,
+        got: got.kind(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mvm_protocol::{Signal, VERSION};
+    use std::io::{self, Cursor};
+
+    /// What the host sent, and what we answered.
+    struct Duplex {
+        input: Cursor<Vec<u8>>,
+        output: Vec<u8>,
+    }
+
+    impl Duplex {
+        fn new(messages: &[Message]) -> Self {
+            let mut input = Vec::new();
+            for m in messages {
+                m.encode(&mut input).unwrap();
+            }
+            Duplex {
+                input: Cursor::new(input),
+                output: Vec::new(),
+            }
+        }
+
+        fn answers(&self) -> Vec<Message> {
+            let mut reader = FrameReader::new(&self.output[..]);
+            std::iter::from_fn(|| reader.read_message().unwrap()).collect()
+        }
+    }
+
+    impl Read for Duplex {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+
+    impl Write for Duplex {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.output.write(buf)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn exec() -> ExecRequest {
+        ExecRequest {
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            tty: false,
+            rows: 0,
+            cols: 0,
+            max_procs: 0,
+        }
+    }
+
+    #[test]
+    fn hello_then_exec_leaves_the_rest_in_the_stream() {
+        let mut s = Duplex::new(&[
+            Message::Hello(Hello::current()),
+            Message::Exec(exec()),
+            Message::StdinEof,
+        ]);
+        hello(&mut s).unwrap();
+        assert_eq!(read_exec(&mut s).unwrap(), exec());
+        assert_eq!(s.answers(), [Message::Hello(Hello::current())]);
+        let mut rest = FrameReader::new(&mut s);
+        assert_eq!(rest.read_message().unwrap(), Some(Message::StdinEof));
+    }
+
+    #[test]
+    fn version_mismatch_is_answered_with_our_version() {
+        let mut s = Duplex::new(&[Message::Hello(Hello {
+            version: VERSION + 1,
+        })]);
+        let err = hello(&mut s).unwrap_err();
+        assert!(matches!(err, HandshakeError::Version(_)));
+        assert!(err.tell_host());
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "host protocol version {}, guest speaks {VERSION}: rebuild the initramfs with this mvm",
+                VERSION + 1
+            )
+        );
+        assert_eq!(s.answers(), [Message::Hello(Hello::current())]);
+    }
+
+    #[test]
+    fn wrong_first_message() {
+        let mut s = Duplex::new(&[Message::Exec(exec())]);
+        let err = hello(&mut s).unwrap_err();
+        assert!(matches!(
+            err,
+            HandshakeError::Unexpected {
+                expected: Kind::Hello,
+                got: Kind::Exec
+            }
+        ));
+        assert_eq!(s.answers(), [Message::Hello(Hello::current())]);
+
+        let mut s = Duplex::new(&[Message::Signal(Signal { signal: 9 })]);
+        assert!(matches!(
+            read_exec(&mut s),
+            Err(HandshakeError::Unexpected {
+                expected: Kind::Exec,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn closed_and_garbage() {
+        let mut s = Duplex::new(&[]);
+        let err = hello(&mut s).unwrap_err();
+        assert!(matches!(err, HandshakeError::Closed(Kind::Hello)));
+        assert!(!err.tell_host());
+
+        let mut s = Duplex::new(&[]);
+        s.input = Cursor::new(vec![5, 0, 0, 0, 99, 1, 2, 3, 4]);
+        assert!(matches!(hello(&mut s), Err(HandshakeError::Read(_))));
+
+        let mut s = Duplex::new(&[]);
+        assert!(matches!(
+            read_exec(&mut s),
+            Err(HandshakeError::Closed(Kind::Exec))
+        ));
+    }
+}

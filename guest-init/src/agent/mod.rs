@@ -1,0 +1,137 @@
+//! The exec agent (`mvm.agent=1`): instead of running `mvm.cmd`, PID 1
+//! serves one connection of the exec channel (docs/protocol.md, version 1)
+//! on vsock port `AGENT_PORT`: hello, one `Exec`, the relay until the
+//! command's `Exit`, and returns the status to report on the status port.
+//!
+//! The sequence here is guest-only (PID 1, AF_VSOCK); the pieces with logic
+//! of their own are unit-tested in their modules, and `tests/relay.rs` runs
+//! the spawn and relay against real processes on the host.
+
+pub mod child;
+pub mod drain;
+pub mod fd;
+pub mod finish;
+pub mod handshake;
+pub mod inbound;
+pub mod pty;
+pub mod queue;
+pub mod relay;
+pub mod request;
+pub mod signals;
+pub mod vsock;
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use mvm_protocol::{ErrorReport, ExecRequest, Message, AGENT_PORT};
+
+use self::fd::FdStream;
+use self::relay::{Relay, RelayError};
+use crate::say;
+use crate::status::{HOST_GONE, INIT_FAILURE};
+
+/// Failures before there is a connection to report them on; init reports
+/// them on the console and as status 125.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("exec agent: listen on vsock port {AGENT_PORT}: {0}")]
+    Listen(#[source] io::Error),
+    #[error("exec agent: accept on vsock port {AGENT_PORT}: {0}")]
+    Accept(#[source] io::Error),
+}
+
+/// Serves the one connection; returns the status for the status port.
+pub fn run() -> Result<u32, AgentError> {
+    let listener = vsock::listen(AGENT_PORT).map_err(AgentError::Listen)?;
+    let conn = vsock::accept(listener.as_fd()).map_err(AgentError::Accept)?;
+    // One connection per boot: closing the listener refuses any other.
+    drop(listener);
+    Ok(serve(conn))
+}
+
+/// Everything after accept. Never fails: from here on, every problem is
+/// told to the host (when it is still there) and becomes a status.
+fn serve(conn: OwnedFd) -> u32 {
+    let mut stream = FdStream(conn);
+    if let Err(err) = handshake::hello(&mut stream) {
+        say!("exec agent: {err}");
+        if err.tell_host() {
+            let message = Message::Error(ErrorReport {
+                message: err.to_string(),
+            });
+            let _ = message.encode(&mut stream);
+        }
+        finish::close(stream.0.as_fd());
+        return INIT_FAILURE;
+    }
+    let request = match handshake::read_exec(&mut stream) {
+        Ok(request) => request,
+        Err(err) => {
+            say!("exec agent: {err}");
+            return finish::fail(stream.0, err.to_string(), INIT_FAILURE as u8);
+        }
+    };
+    execute(stream.0, &request)
+}
+
+/// Runs the request to its end; returns the status for the status port.
+fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
+    let fail = |conn, message: String| {
+        say!("exec agent: {message}");
+        finish::fail(conn, message, INIT_FAILURE as u8)
+    };
+    let prepared = match request::prepare(request) {
+        Ok(prepared) => prepared,
+        Err(err) => return fail(conn, format!("bad exec request: {err}")),
+    };
+    if prepared.tty {
+        // A failure shows up as the pty failing to open, with its reason.
+        let _ = pty::ensure_ptmx();
+    }
+    let signals = match signals::setup() {
+        Ok(signals) => signals,
+        Err(err) => return fail(conn, format!("cannot watch for the command's exit: {err}")),
+    };
+    let child = match child::spawn(&prepared) {
+        Ok(child) => child,
+        Err(err) => return fail(conn, err.to_string()),
+    };
+    let pid = child.pid;
+    let first: Vec<Message> = child
+        .failure
+        .map(|f| {
+            Message::Error(ErrorReport {
+                message: f.message(&prepared),
+            })
+        })
+        .into_iter()
+        .collect();
+    let outcome = fd::set_nonblocking(conn.as_fd())
+        .and_then(|()| Relay::new(conn.as_fd(), &signals, child, &first))
+        .map_err(RelayError::Setup)
+        .and_then(|mut relay| relay.run());
+    match outcome {
+        Ok(exit) => {
+            finish::close(conn.as_fd());
+            exit.status.into()
+        }
+        Err(err) => {
+            // The command must not outlive its host: nobody would see its
+            // output or its end.
+            say!("exec agent: {err}; killing the command");
+            kill_group(pid);
+            match err {
+                RelayError::HostClosed | RelayError::HostGone(_) => HOST_GONE,
+                RelayError::Setup(_) | RelayError::Poll(_) => fail(conn, err.to_string()),
+            }
+        }
+    }
+}
+
+fn kill_group(pid: libc::pid_t) {
+    // SAFETY: plain syscalls; the group (or the process) may be gone.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+        libc::kill(pid, libc::SIGKILL);
+    }
+}

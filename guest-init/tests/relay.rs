@@ -1,0 +1,417 @@
+//! The agent's spawn and relay, run on the host against real processes: a
+//! socketpair stands in for the vsock and a thread for the VMM. Everything
+//! else the agent does (listen on vsock, PID 1 reaping orphans, reboot)
+//! only happens in a guest.
+//!
+//! `harness = false`: the relay relies on process-wide signal state
+//! (SIGCHLD blocked in every thread, for its signalfd), which libtest's
+//! threads would not share. The child drops privileges with setgroups and
+//! setuid, which needs root: without it the tests skip, saying so.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use mvm_guest_init::agent::relay::{Relay, RelayError};
+use mvm_guest_init::agent::signals::ChildSignals;
+use mvm_guest_init::agent::{child, fd, request, signals};
+use mvm_protocol::{
+    ErrorReport, ExecRequest, Exit, FrameReader, Message, Resize, Signal, MAX_DATA,
+};
+
+/// A step of the fake host's script.
+enum Step {
+    Send(Message),
+    /// Wait until this text has arrived on stdout.
+    WaitFor(&'static str),
+    Sleep(Duration),
+    /// Close the connection (the host went away).
+    Hangup,
+}
+
+/// What the fake host received.
+#[derive(Default)]
+struct Received {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    errors: Vec<String>,
+    exit: Option<Exit>,
+    /// Every message, in order.
+    kinds: Vec<mvm_protocol::Kind>,
+}
+
+struct Outcome {
+    result: Result<Exit, RelayError>,
+    received: Received,
+    elapsed: Duration,
+}
+
+fn request(argv: &[&str]) -> ExecRequest {
+    ExecRequest {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        env: vec![],
+        cwd: "/".into(),
+        uid: 0,
+        gid: 0,
+        tty: false,
+        rows: 0,
+        cols: 0,
+        max_procs: 0,
+    }
+}
+
+/// Spawns `req`, relays it against a host thread running `script`, and
+/// returns once the host saw the end (or the relay failed).
+fn run(signals: &ChildSignals, req: ExecRequest, script: Vec<Step>, slow_reader: bool) -> Outcome {
+    let (agent_end, host_end) = UnixStream::pair().unwrap();
+    let agent_end = OwnedFd::from(agent_end);
+    fd::set_nonblocking(agent_end.as_fd()).unwrap();
+    let prepared = request::prepare(&req).unwrap();
+    let start = Instant::now();
+    let child = child::spawn(&prepared).unwrap();
+    let pid = child.pid;
+    let first: Vec<Message> = child
+        .failure
+        .map(|f| {
+            Message::Error(ErrorReport {
+                message: f.message(&prepared),
+            })
+        })
+        .into_iter()
+        .collect();
+
+    let received = Arc::new(Mutex::new(Received::default()));
+    let reader = {
+        let stream = host_end.try_clone().unwrap();
+        let received = Arc::clone(&received);
+        thread::spawn(move || read_all(stream, &received, slow_reader))
+    };
+    let writer = {
+        let stream = host_end.try_clone().unwrap();
+        let received = Arc::clone(&received);
+        thread::spawn(move || play(stream, script, &received))
+    };
+    drop(host_end);
+
+    let result = Relay::new(agent_end.as_fd(), signals, child, &first)
+        .unwrap()
+        .run();
+    // As the agent does: the command must not outlive its host.
+    // SAFETY: plain syscall on the group we started.
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    drop(agent_end);
+    let elapsed = start.elapsed();
+    writer.join().unwrap();
+    reader.join().unwrap();
+    let received = Arc::try_unwrap(received)
+        .ok()
+        .unwrap()
+        .into_inner()
+        .unwrap();
+    Outcome {
+        result,
+        received,
+        elapsed,
+    }
+}
+
+fn read_all(stream: UnixStream, received: &Mutex<Received>, slow: bool) {
+    let mut reader = FrameReader::new(stream);
+    while let Ok(Some(message)) = reader.read_message() {
+        if slow {
+            thread::sleep(Duration::from_millis(2));
+        }
+        let mut r = received.lock().unwrap();
+        r.kinds.push(message.kind());
+        match message {
+            Message::Stdout(d) => {
+                assert!(d.len() <= MAX_DATA);
+                r.stdout.extend(d)
+            }
+            Message::Stderr(d) => r.stderr.extend(d),
+            Message::Error(e) => r.errors.push(e.message),
+            Message::Exit(e) => {
+                r.exit = Some(e);
+                break;
+            }
+            other => panic!("unexpected {other:?} from the agent"),
+        }
+    }
+    // Like the host: close after Exit (or when the agent is gone).
+    let _ = reader.get_ref().shutdown(std::net::Shutdown::Both);
+}
+
+fn play(mut stream: UnixStream, script: Vec<Step>, received: &Mutex<Received>) {
+    for step in script {
+        match step {
+            // The agent may be gone already; the outcome shows it.
+            Step::Send(m) => {
+                if m.encode(&mut stream).is_err() {
+                    return;
+                }
+            }
+            Step::WaitFor(text) => {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !String::from_utf8_lossy(&received.lock().unwrap().stdout).contains(text) {
+                    assert!(Instant::now() < deadline, "no {text:?} on stdout");
+                    thread::sleep(Duration::from_millis(10));
+                }
+            }
+            Step::Sleep(d) => thread::sleep(d),
+            Step::Hangup => {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+        }
+    }
+}
+
+fn stdin(data: &[u8]) -> Vec<Step> {
+    data.chunks(MAX_DATA)
+        .map(|c| Step::Send(Message::Stdin(c.to_vec())))
+        .chain([Step::Send(Message::StdinEof)])
+        .collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn separate_streams_and_exit_code(signals: &ChildSignals) {
+    let req = request(&["sh", "-c", "echo out; echo err >&2; exit 3"]);
+    let o = run(signals, req, vec![], false);
+    assert_eq!(o.result.unwrap(), Exit::exited(3));
+    assert_eq!(text(&o.received.stdout), "out\n");
+    assert_eq!(text(&o.received.stderr), "err\n");
+    assert_eq!(o.received.exit, Some(Exit::exited(3)));
+    assert_eq!(o.received.kinds.last(), Some(&mvm_protocol::Kind::Exit));
+}
+
+fn environment_is_exact(signals: &ChildSignals) {
+    let mut req = request(&["env"]);
+    req.env = vec![("FOO".into(), "bar baz".into())];
+    let o = run(signals, req, vec![], false);
+    let mut lines: Vec<String> = text(&o.received.stdout).lines().map(String::from).collect();
+    lines.sort();
+    let expected = [
+        "FOO=bar baz",
+        "HOME=/root",
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ];
+    // A shell may add PWD/SHLVL; `env` run directly adds nothing.
+    assert_eq!(lines, expected);
+}
+
+fn output_written_just_before_exit_is_not_lost(signals: &ChildSignals) {
+    // More than the pipe holds and more than OUT_LIMIT, read by a slow host:
+    // the relay must stop and go on, and deliver all of it before Exit.
+    let req = request(&["sh", "-c", "head -c 3000000 /dev/zero; echo tail >&2"]);
+    let o = run(signals, req, vec![], true);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    assert_eq!(o.received.stdout.len(), 3_000_000);
+    assert_eq!(text(&o.received.stderr), "tail\n");
+}
+
+fn stdin_round_trip_with_backpressure(signals: &ChildSignals) {
+    // 2 MB into a command that reads slowly at first (sleep), so the stdin
+    // queue and the host's socket fill up and the relay has to wait.
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    let req = request(&["sh", "-c", "sleep 0.3; cat"]);
+    let o = run(signals, req, stdin(&data), false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    assert!(o.received.stdout == data, "stdin came back changed");
+}
+
+fn command_that_ignores_stdin(signals: &ChildSignals) {
+    // `true` exits without reading; the relay drops its stdin instead of
+    // blocking on it.
+    let o = run(signals, request(&["true"]), stdin(&[7; 500_000]), false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+}
+
+fn signal_reaches_the_command(signals: &ChildSignals) {
+    let req = request(&["sh", "-c", "echo ready; exec sleep 100"]);
+    let script = vec![
+        Step::WaitFor("ready"),
+        Step::Sleep(Duration::from_millis(100)),
+        Step::Send(Message::Signal(Signal { signal: 15 })),
+    ];
+    let o = run(signals, req, script, false);
+    assert_eq!(o.result.unwrap(), Exit::signaled(15));
+    assert_eq!(o.received.exit.unwrap().status, 143);
+}
+
+fn bad_signal_is_reported_not_fatal(signals: &ChildSignals) {
+    let req = request(&["sh", "-c", "read x; echo got $x"]);
+    let mut script = vec![Step::Send(Message::Signal(Signal { signal: 99 }))];
+    script.extend(stdin(b"it\n"));
+    let o = run(signals, req, script, false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    assert_eq!(o.received.errors, ["invalid signal number 99"]);
+    assert_eq!(text(&o.received.stdout), "got it\n");
+}
+
+fn not_found_is_127_with_a_message(signals: &ChildSignals) {
+    let o = run(signals, request(&["/nonexistent/cmd"]), vec![], false);
+    assert_eq!(o.result.unwrap(), Exit::exited(127));
+    assert_eq!(
+        o.received.errors,
+        ["cannot run '/nonexistent/cmd': No such file or directory"]
+    );
+    let kinds = &o.received.kinds;
+    assert_eq!(kinds.first(), Some(&mvm_protocol::Kind::Error));
+}
+
+fn not_executable_is_126(signals: &ChildSignals) {
+    let o = run(signals, request(&["/"]), vec![], false);
+    assert_eq!(o.result.unwrap(), Exit::exited(126));
+    assert_eq!(o.received.errors, ["cannot run '/': Permission denied"]);
+}
+
+fn bad_cwd_is_125(signals: &ChildSignals) {
+    let mut req = request(&["true"]);
+    req.cwd = "/nonexistent-dir".into();
+    let o = run(signals, req, vec![], false);
+    assert_eq!(o.result.unwrap(), Exit::exited(125));
+    assert_eq!(
+        o.received.errors,
+        ["cannot change to directory '/nonexistent-dir': No such file or directory"]
+    );
+}
+
+fn background_process_holding_the_pipe_is_given_up_on(signals: &ChildSignals) {
+    let req = request(&["sh", "-c", "sleep 30 & echo early"]);
+    let o = run(signals, req, vec![], false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    assert_eq!(text(&o.received.stdout), "early\n");
+    assert!(
+        o.elapsed < Duration::from_secs(3),
+        "took {:?}: the quiet timeout did not end the drain",
+        o.elapsed
+    );
+}
+
+fn late_output_of_a_background_process_is_kept(signals: &ChildSignals) {
+    // Within the quiet time after the exit: still part of the run.
+    let req = request(&["sh", "-c", "(sleep 0.2; echo late) & echo early"]);
+    let o = run(signals, req, vec![], false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    assert_eq!(text(&o.received.stdout), "early\nlate\n");
+}
+
+fn host_gone_is_reported(signals: &ChildSignals) {
+    let req = request(&["sh", "-c", "echo ready; exec sleep 100"]);
+    let script = vec![Step::WaitFor("ready"), Step::Hangup];
+    let o = run(signals, req, script, false);
+    assert!(
+        matches!(o.result, Err(RelayError::HostClosed)),
+        "{:?}",
+        o.result
+    );
+    assert!(o.elapsed < Duration::from_secs(5));
+}
+
+fn tty_with_size_term_and_eof(signals: &ChildSignals) {
+    let mut req = request(&["sh", "-c", "tty; stty size; echo $TERM; cat; echo done"]);
+    req.tty = true;
+    req.rows = 33;
+    req.cols = 77;
+    let mut script = vec![Step::WaitFor("xterm")];
+    script.extend(stdin(b"typed\n"));
+    let o = run(signals, req, script, false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    let out = text(&o.received.stdout);
+    assert!(out.contains("/dev/pts/"), "{out:?}");
+    assert!(out.contains("33 77\r\n"), "{out:?}");
+    assert!(out.contains("xterm-256color\r\n"), "{out:?}");
+    assert!(out.ends_with("done\r\n"), "VEOF ended cat: {out:?}");
+    assert!(o.received.stderr.is_empty(), "a pty has one stream");
+}
+
+fn tty_resize(signals: &ChildSignals) {
+    let mut req = request(&[
+        "sh",
+        "-c",
+        "trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.05; done",
+    ]);
+    req.tty = true;
+    req.rows = 10;
+    req.cols = 20;
+    let script = vec![
+        Step::WaitFor("ready"),
+        Step::Send(Message::Resize(Resize {
+            rows: 40,
+            cols: 100,
+        })),
+    ];
+    let o = run(signals, req, script, false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    assert!(text(&o.received.stdout).contains("40 100"));
+}
+
+fn max_procs_is_applied(signals: &ChildSignals) {
+    // Root is exempt from RLIMIT_NPROC, so only check that it is set.
+    let mut req = request(&["grep", "Max processes", "/proc/self/limits"]);
+    req.max_procs = 77;
+    let o = run(signals, req, vec![], false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    let fields: Vec<String> = text(&o.received.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(fields, ["Max", "processes", "77", "77", "processes"]);
+}
+
+/// `(name, test)` pairs of the functions given.
+macro_rules! tests {
+    ($($name:ident),* $(,)?) => {
+        [$((stringify!($name), $name as fn(&ChildSignals))),*]
+    };
+}
+
+fn main() {
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("relay tests skipped: the child's setgroups/setuid need root");
+        return;
+    }
+    // A hung relay must fail the test run, not hang it.
+    // SAFETY: plain syscall; SIGALRM's default action ends the process.
+    unsafe { libc::alarm(120) };
+    // Before any thread exists, so that every thread blocks SIGCHLD.
+    let signals = signals::setup().unwrap();
+    let tests = tests![
+        separate_streams_and_exit_code,
+        environment_is_exact,
+        output_written_just_before_exit_is_not_lost,
+        stdin_round_trip_with_backpressure,
+        command_that_ignores_stdin,
+        signal_reaches_the_command,
+        bad_signal_is_reported_not_fatal,
+        not_found_is_127_with_a_message,
+        not_executable_is_126,
+        bad_cwd_is_125,
+        background_process_holding_the_pipe_is_given_up_on,
+        late_output_of_a_background_process_is_kept,
+        host_gone_is_reported,
+        tty_with_size_term_and_eof,
+        tty_resize,
+        max_procs_is_applied,
+    ];
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        print!("test {name} ... ");
+        let _ = std::io::stdout().flush();
+        test(&signals);
+        println!("ok");
+    }
+}

@@ -1,0 +1,25 @@
+//! The exec channel between the mvm VMM (host) and the agent in the guest's
+//! PID 1: one command per connection, its stdin, stdout, stderr, signals,
+//! terminal size and exit. Specified in docs/protocol.md ("version 1: the
+//! exec channel"); this crate is the only implementation of its wire format
+//! and both sides use it.
+
+pub mod frame;
+pub mod message;
+pub mod version;
+
+pub use frame::{Decoder, FrameError, FrameReader, LEN_BYTES, MAX_FRAME};
+pub use message::{
+    ErrorReport, ExecRequest, Exit, Hello, Kind, Message, MessageError, Resize, Signal,
+};
+pub use version::{check_guest_version, check_host_version, VersionError};
+
+/// Protocol version this crate speaks (carried in `Hello`).
+pub const VERSION: u32 = 1;
+/// vsock port the guest agent listens on.
+pub const AGENT_PORT: u32 = 1024;
+/// vsock context id of the guest (2 is the host; 0 and 1 are reserved).
+pub const GUEST_CID: u64 = 3;
+/// Most bytes of data in one `Stdin`, `Stdout` or `Stderr` message; senders
+/// split longer data, receivers reject longer messages.
+pub const MAX_DATA: usize = 64 * 1024;

@@ -1,0 +1,151 @@
+//! The exec channel end to end (virtio-vsock + guest agent): separate
+//! streams, stdin, large output, timeouts, identity, environment, pty,
+//! idle cost, and nothing left behind.
+
+use mvm_e2e::{mvm, Run};
+
+fn stderr_without_harness_line(run: &Run) -> String {
+    run.stderr
+        .lines()
+        .filter(|l| !l.starts_with("mvm (test host): "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn stdout_stderr_and_status_are_separate() {
+    let run = mvm(
+        &["run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"],
+        b"",
+    );
+    assert_eq!(run.code, Some(7));
+    assert_eq!(run.stdout, "out\n");
+    assert_eq!(stderr_without_harness_line(&run), "err\n");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn stdin_is_forwarded_with_dash_i() {
+    let run = mvm(&["run", "-i", "--", "cat"], b"abc");
+    assert_eq!(run.code, Some(0));
+    assert_eq!(run.stdout, "abc");
+    // Without -i the command reads end-of-file at once.
+    let run = mvm(&["run", "--", "cat"], b"ignored");
+    assert_eq!(run.code, Some(0));
+    assert_eq!(run.stdout, "");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn fifty_megabytes_of_output_arrive_whole() {
+    let run = mvm(
+        &["run", "--", "sh", "-c", "head -c 50000000 /dev/zero"],
+        b"",
+    );
+    assert_eq!(run.code, Some(0));
+    assert_eq!(run.stdout.len(), 50_000_000);
+    assert!(run.stdout.bytes().all(|b| b == 0));
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn output_just_before_exit_is_not_lost() {
+    let run = mvm(
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "seq 1 20000; echo last-line; exit 3",
+        ],
+        b"",
+    );
+    assert_eq!(run.code, Some(3));
+    assert!(run.stdout.ends_with("20000\nlast-line\n"));
+    assert_eq!(run.stdout.lines().count(), 20001);
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn timeout_destroys_the_vm_with_124() {
+    let started = std::time::Instant::now();
+    let run = mvm(&["run", "--timeout", "2", "--", "sleep", "100"], b"");
+    assert_eq!(run.code, Some(124));
+    assert!(run.stderr.contains("--timeout"));
+    // Test host boot and teardown included: well under the sleep.
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn runs_as_the_invoking_user_unless_root_is_asked() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Uid:")
+                .map(|r| r.split_whitespace().next().unwrap().to_string())
+        })
+        .unwrap();
+    let run = mvm(&["run", "--", "id", "-u"], b"");
+    assert_eq!(run.code, Some(0));
+    assert_eq!(run.stdout.trim(), uid);
+    let run = mvm(&["run", "--root", "--", "id", "-u"], b"");
+    assert_eq!(run.stdout.trim(), "0");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn environment_and_workdir() {
+    let run = mvm(
+        &[
+            "run",
+            "--env",
+            "A=1",
+            "--env",
+            "B=two words",
+            "--workdir",
+            "/tmp",
+            "--",
+            "sh",
+            "-c",
+            "echo $A; echo $B; pwd",
+        ],
+        b"",
+    );
+    assert_eq!(run.code, Some(0));
+    assert_eq!(run.stdout, "1\ntwo words\n/tmp\n");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn tty_gives_a_pty() {
+    let run = mvm(&["run", "-t", "--", "tty"], b"");
+    assert_eq!(run.code, Some(0));
+    assert!(
+        run.stdout.trim().starts_with("/dev/pts/"),
+        "{:?}",
+        run.stdout
+    );
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn an_idle_guest_costs_almost_no_cpu() {
+    let run = mvm(&["run", "--print-stats", "--", "sleep", "4"], b"");
+    assert_eq!(run.code, Some(0));
+    let stat = |name: &str| -> f64 {
+        run.stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("mvm: {name}: ")))
+            .and_then(|v| v.trim_end_matches(" s").parse().ok())
+            .unwrap_or_else(|| panic!("no '{name}' line"))
+    };
+    let cpu = stat("cpu");
+    let wall = stat("wall");
+    assert!(wall >= 4.0);
+    // Boot costs CPU; the four idle seconds must not (a spinning thread
+    // would add ~4 s).
+    assert!(cpu < wall * 0.5, "cpu {cpu} s over {wall} s wall");
+}

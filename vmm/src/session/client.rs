@@ -1,0 +1,285 @@
+//! The host end of the exec channel (docs/protocol.md, version 1): connect
+//! through the vsock device's Unix socket, shake hands with the guest
+//! agent, send the command, and relay its stdin, stdout and stderr until it
+//! exits. Blocking I/O on a dedicated thread: a slow stdout reader makes
+//! this thread write slowly, which stops it reading the socket, which
+//! (through vsock credit) stops the guest: memory stays bounded end to end.
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use mvm_protocol::{
+    check_guest_version, ExecRequest, Exit, FrameError, FrameReader, Hello, Message, MAX_DATA,
+};
+
+/// How long to wait between attempts while the guest agent is not yet
+/// listening (the VM is still booting).
+const CONNECT_RETRY: Duration = Duration::from_millis(10);
+/// A connected device answers `CONNECT` within this long, or never will.
+const CONNECT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the VM stopped before its agent accepted the command")]
+    VmGone,
+    #[error("cannot reach the guest agent through {path}: {source}")]
+    Connect { path: String, source: io::Error },
+    #[error("the exec channel broke: {0}")]
+    Frame(#[from] FrameError),
+    #[error("cannot write to the guest: {0}")]
+    Write(io::Error),
+    #[error("{0}")]
+    Version(#[from] mvm_protocol::VersionError),
+    #[error("the guest agent refused the command: {0}")]
+    Refused(String),
+    #[error("the guest agent sent {0} where it must not")]
+    Unexpected(&'static str),
+    #[error("the guest agent closed the channel before the command's exit status")]
+    Lost,
+}
+
+/// The writing half, shared by the stdin pump and the signal forwarder.
+pub type Writer = Arc<Mutex<UnixStream>>;
+
+pub fn send(writer: &Writer, msg: &Message) -> Result<(), Error> {
+    let mut w = writer
+        .lock()
+        .map_err(|_| Error::Write(io::Error::other("writer lock poisoned")))?;
+    msg.encode(&mut *w).map_err(|e| match e {
+        FrameError::Io(io) => Error::Write(io),
+        other => Error::Frame(other),
+    })
+}
+
+/// Connects to guest `port` through the device's hybrid Unix socket,
+/// retrying while the guest is still booting; `vm_gone` ends the wait.
+pub fn connect(uds: &Path, port: u32, vm_gone: &dyn Fn() -> bool) -> Result<UnixStream, Error> {
+    loop {
+        if vm_gone() {
+            return Err(Error::VmGone);
+        }
+        match try_connect(uds, port) {
+            Ok(Some(stream)) => return Ok(stream),
+            // Refused by the guest (no listener yet: the device closes or
+            // resets our socket) or the socket not yet bound: the agent
+            // comes up a moment later.
+            Ok(None) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound
+                        | io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::BrokenPipe
+                ) => {}
+            Err(source) => {
+                return Err(Error::Connect {
+                    path: uds.display().to_string(),
+                    source,
+                })
+            }
+        }
+        thread::sleep(CONNECT_RETRY);
+    }
+}
+
+fn try_connect(uds: &Path, port: u32) -> io::Result<Option<UnixStream>> {
+    let mut stream = UnixStream::connect(uds)?;
+    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
+    stream.set_read_timeout(Some(CONNECT_REPLY_TIMEOUT))?;
+    // Byte by byte: whatever follows the newline already belongs to the
+    // guest's stream and must not be swallowed by a buffer.
+    let mut line = Vec::new();
+    let mut byte = [0u8];
+    loop {
+        match stream.read(&mut byte)? {
+            0 => return Ok(None),
+            _ if byte[0] == b'\n' => break,
+            _ => line.push(byte[0]),
+        }
+    }
+    stream.set_read_timeout(None)?;
+    Ok(line.starts_with(b"OK ").then_some(stream))
+}
+
+/// Hello both ways, then the command. Returns the reader for the relay.
+pub fn start(
+    stream: &UnixStream,
+    writer: &Writer,
+    request: ExecRequest,
+) -> Result<FrameReader<UnixStream>, Error> {
+    let read_half = stream.try_clone().map_err(Error::Write)?;
+    let mut reader = FrameReader::new(read_half);
+    send(writer, &Message::Hello(Hello::current()))?;
+    match reader.read_message()? {
+        Some(Message::Hello(hello)) => check_guest_version(hello.version)?,
+        Some(Message::Error(e)) => return Err(Error::Refused(e.message)),
+        Some(_) => return Err(Error::Unexpected("a data message before its Hello")),
+        None => return Err(Error::Lost),
+    }
+    send(writer, &Message::Exec(request))?;
+    Ok(reader)
+}
+
+/// Copies this process's stdin to the guest until EOF, then says so.
+pub fn pump_stdin(writer: Writer) {
+    thread::Builder::new()
+        .name("mvm-stdin".into())
+        .spawn(move || {
+            let mut stdin = io::stdin().lock();
+            let mut buf = vec![0u8; MAX_DATA];
+            loop {
+                match stdin.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if send(&writer, &Message::Stdin(buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = send(&writer, &Message::StdinEof);
+        })
+        .map(|_| ())
+        .unwrap_or_else(|e| eprintln!("mvm: cannot start the stdin thread: {e}"));
+}
+
+/// Relays the command's output until its `Exit`.
+pub fn relay_output(reader: &mut FrameReader<UnixStream>) -> Result<Exit, Error> {
+    let stdout = io::stdout();
+    let stderr = io::stderr();
+    loop {
+        match reader.read_message()? {
+            Some(Message::Stdout(data)) => write_out(&mut stdout.lock(), &data),
+            Some(Message::Stderr(data)) => write_out(&mut stderr.lock(), &data),
+            Some(Message::Error(e)) => eprintln!("mvm: {}", e.message),
+            Some(Message::Exit(exit)) => return Ok(exit),
+            Some(_) => return Err(Error::Unexpected("a host-to-guest message")),
+            None => return Err(Error::Lost),
+        }
+    }
+}
+
+/// A closed stdout (`mvm run ... | head`) must not stop the relay: the
+/// command's exit status still has to come back.
+fn write_out(out: &mut impl Write, data: &[u8]) {
+    let _ = out.write_all(data).and_then(|_| out.flush());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mvm_protocol::Hello;
+    use std::os::unix::net::UnixListener;
+
+    /// A stand-in for the vsock device plus guest agent on the other end
+    /// of the hybrid socket: refuses the first connection (agent not
+    /// listening yet), then accepts and plays `script`.
+    fn fake_guest(
+        path: &Path,
+        script: impl FnOnce(&mut UnixStream, &mut FrameReader<UnixStream>) + Send + 'static,
+    ) -> thread::JoinHandle<()> {
+        let listener = UnixListener::bind(path).unwrap();
+        thread::spawn(move || {
+            let (first, _) = listener.accept().unwrap();
+            drop(first);
+            let (mut s, _) = listener.accept().unwrap();
+            let mut line = Vec::new();
+            let mut b = [0u8];
+            while s.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+                line.push(b[0]);
+            }
+            assert_eq!(line, b"CONNECT 1024");
+            s.write_all(b"OK 1073741824\n").unwrap();
+            let mut reader = FrameReader::new(s.try_clone().unwrap());
+            script(&mut s, &mut reader);
+        })
+    }
+
+    fn request() -> ExecRequest {
+        ExecRequest {
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: "/".into(),
+            uid: 1000,
+            gid: 1000,
+            tty: false,
+            rows: 0,
+            cols: 0,
+            max_procs: 0,
+        }
+    }
+
+    fn sock(name: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("mvm-client-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn retries_until_the_agent_listens_then_relays_to_exit() {
+        let path = sock("ok");
+        let guest = fake_guest(&path, |s, r| {
+            assert!(matches!(r.read_message().unwrap(), Some(Message::Hello(_))));
+            Message::Hello(Hello::current()).encode(s).unwrap();
+            let Some(Message::Exec(req)) = r.read_message().unwrap() else {
+                panic!("no exec")
+            };
+            assert_eq!(req.uid, 1000);
+            assert_eq!(r.read_message().unwrap(), Some(Message::StdinEof));
+            Message::Stdout(b"out".to_vec()).encode(s).unwrap();
+            Message::Exit(Exit::exited(7)).encode(s).unwrap();
+        });
+        let stream = connect(&path, 1024, &|| false).unwrap();
+        let writer = Arc::new(Mutex::new(stream.try_clone().unwrap()));
+        let mut reader = start(&stream, &writer, request()).unwrap();
+        send(&writer, &Message::StdinEof).unwrap();
+        assert_eq!(relay_output(&mut reader).unwrap().status, 7);
+        guest.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_guest_speaking_another_version_is_refused() {
+        let path = sock("version");
+        let guest = fake_guest(&path, |s, r| {
+            let _ = r.read_message();
+            Message::Hello(Hello { version: 99 }).encode(s).unwrap();
+        });
+        let stream = connect(&path, 1024, &|| false).unwrap();
+        let writer = Arc::new(Mutex::new(stream.try_clone().unwrap()));
+        let err = start(&stream, &writer, request()).err().unwrap();
+        assert!(matches!(err, Error::Version(_)), "{err}");
+        guest.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_channel_closed_before_exit_is_lost_not_success() {
+        let path = sock("lost");
+        let guest = fake_guest(&path, |s, r| {
+            let _ = r.read_message();
+            Message::Hello(Hello::current()).encode(s).unwrap();
+            let _ = r.read_message();
+            Message::Stdout(b"partial".to_vec()).encode(s).unwrap();
+        });
+        let stream = connect(&path, 1024, &|| false).unwrap();
+        let writer = Arc::new(Mutex::new(stream.try_clone().unwrap()));
+        let mut reader = start(&stream, &writer, request()).unwrap();
+        guest.join().unwrap();
+        assert!(matches!(relay_output(&mut reader), Err(Error::Lost)));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn gives_up_when_the_vm_is_gone() {
+        let path = sock("gone");
+        assert!(matches!(connect(&path, 1024, &|| true), Err(Error::VmGone)));
+    }
+}

@@ -1,0 +1,127 @@
+//! One `mvm run`: the session directory, the exec client on its own
+//! thread, signal forwarding and the user's terminal. The VM itself runs
+//! on the caller's thread (`runner::run`); this module only talks to the
+//! guest agent through the vsock device's Unix socket.
+
+pub mod client;
+pub mod dir;
+pub mod signals;
+pub mod terminal;
+
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use mvm_protocol::{ExecRequest, Exit, Message, AGENT_PORT};
+use vmm_sys_util::eventfd::EventFd;
+
+pub use dir::SessionDir;
+pub use signals::{Target, Teardown};
+
+/// After the command's exit status arrives the guest reboots by itself;
+/// if it has not within this long, the VMM stops it.
+const GUEST_STOP_GRACE: Duration = Duration::from_secs(3);
+/// Once the VM has stopped, output still in the socket gets this long to
+/// be relayed before the channel is cut.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+pub struct Session {
+    done: Receiver<Result<Exit, client::Error>>,
+    stream: Arc<Mutex<Option<UnixStream>>>,
+}
+
+/// What the session thread needs from the VM.
+pub struct VmHandle {
+    pub stopped: Arc<AtomicBool>,
+    pub stop_evt: Arc<EventFd>,
+}
+
+/// Starts the exec client: it waits for the guest agent, sends `request`
+/// and relays the command's stdio until it exits.
+pub fn start(
+    uds: PathBuf,
+    request: ExecRequest,
+    forward_stdin: bool,
+    vm: VmHandle,
+    target: Target,
+) -> std::io::Result<Session> {
+    let (tx, done) = mpsc::channel();
+    let stream = Arc::new(Mutex::new(None));
+    let slot = stream.clone();
+    thread::Builder::new()
+        .name("mvm-session".into())
+        .spawn(move || {
+            let result = exec(&uds, request, forward_stdin, &vm, &target, &slot);
+            if result.is_ok() {
+                stop_guest_if_lingering(&vm);
+            }
+            let _ = tx.send(result);
+        })?;
+    Ok(Session { done, stream })
+}
+
+fn exec(
+    uds: &std::path::Path,
+    request: ExecRequest,
+    forward_stdin: bool,
+    vm: &VmHandle,
+    target: &Target,
+    slot: &Mutex<Option<UnixStream>>,
+) -> Result<Exit, client::Error> {
+    let stream = client::connect(uds, AGENT_PORT, &|| vm.stopped.load(Ordering::SeqCst))?;
+    if let Ok(mut s) = slot.lock() {
+        *s = stream.try_clone().ok();
+    }
+    let writer = Arc::new(Mutex::new(
+        stream.try_clone().map_err(client::Error::Write)?,
+    ));
+    let mut reader = client::start(&stream, &writer, request)?;
+    if let Ok(mut t) = target.lock() {
+        *t = Some(writer.clone());
+    }
+    if forward_stdin {
+        client::pump_stdin(writer);
+    } else {
+        client::send(&writer, &Message::StdinEof)?;
+    }
+    let exit = client::relay_output(&mut reader);
+    // Closing tells the agent the host has everything; it reboots then.
+    let _ = stream.shutdown(Shutdown::Both);
+    exit
+}
+
+fn stop_guest_if_lingering(vm: &VmHandle) {
+    let deadline = Instant::now() + GUEST_STOP_GRACE;
+    while Instant::now() < deadline {
+        if vm.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let _ = vm.stop_evt.write(1);
+}
+
+impl Session {
+    /// Called once the VM has stopped: the command's exit, or why there is
+    /// none.
+    pub fn finish(self) -> Result<Exit, client::Error> {
+        match self.done.recv_timeout(DRAIN_GRACE) {
+            Ok(result) => return result,
+            Err(RecvTimeoutError::Disconnected) => return Err(client::Error::Lost),
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        // The guest is gone without a word: unblock the client and collect
+        // its (failed) result.
+        if let Ok(Some(stream)) = self.stream.lock().as_deref() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        self.done
+            .recv_timeout(DRAIN_GRACE)
+            .unwrap_or(Err(client::Error::VmGone))
+    }
+}
