@@ -39,10 +39,18 @@ impl From<Output> for Run {
 }
 
 /// Runs `tests/testhost/mvm ARGS` with `stdin` as its input, in the repo
-/// root as working directory.
+/// root as working directory, and checks that mvm left nothing behind
+/// (the test host looks for session directories and mvm processes).
 pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
+    mvm_signalled(args, stdin, None)
+}
+
+/// As `mvm`, with the test host sending mvm `signal` ("TERM 8": SIGTERM
+/// 8 s after it starts), as a user or supervisor would.
+pub fn mvm_signalled(args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
     let mut child = Command::new(repo_root().join("tests/testhost/mvm"))
         .args(args)
+        .env("MVM_TESTHOST_SIGNAL", signal.unwrap_or(""))
         // A hung test host fails the test in minutes, not the wrapper's
         // default quarter of an hour.
         .env("MVM_TESTHOST_TIMEOUT", "180")
@@ -64,6 +72,11 @@ pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
         run.code,
         clip(&run.stdout),
         clip(&run.stderr)
+    );
+    assert!(
+        !run.stderr.contains("mvm left behind:"),
+        "mvm left something behind: {}",
+        run.stderr
     );
     run
 }

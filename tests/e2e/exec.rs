@@ -2,7 +2,7 @@
 //! streams, stdin, large output, timeouts, identity, environment, pty,
 //! idle cost, and nothing left behind.
 
-use mvm_e2e::{mvm, Run};
+use mvm_e2e::{mvm, mvm_signalled, Run};
 
 fn stderr_without_harness_line(run: &Run) -> String {
     run.stderr
@@ -148,4 +148,58 @@ fn an_idle_guest_costs_almost_no_cpu() {
     // Boot costs CPU; the four idle seconds must not (a spinning thread
     // would add ~4 s).
     assert!(cpu < wall * 0.5, "cpu {cpu} s over {wall} s wall");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn sigterm_is_forwarded_to_the_command() {
+    let run = mvm_signalled(
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got-term; exit 9' TERM; sleep 60 & wait",
+        ],
+        b"",
+        Some("TERM 8"),
+    );
+    assert_eq!(run.code, Some(9));
+    assert_eq!(run.stdout, "got-term\n");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn ctrl_c_is_forwarded_to_the_command() {
+    let run = mvm_signalled(
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got-int; exit 4' INT; sleep 60 & wait",
+        ],
+        b"",
+        Some("INT 8"),
+    );
+    assert_eq!(run.code, Some(4));
+    assert_eq!(run.stdout, "got-int\n");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_command_ignoring_sigterm_is_torn_down_after_the_grace_period() {
+    let started = std::time::Instant::now();
+    let run = mvm_signalled(
+        &["run", "--", "sh", "-c", "trap '' TERM; sleep 120"],
+        b"",
+        Some("TERM 8"),
+    );
+    assert_eq!(run.code, Some(143));
+    assert!(
+        run.stderr.contains("stopped by signal 15"),
+        "{}",
+        run.stderr
+    );
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
 }

@@ -94,9 +94,26 @@ fi
 
 cd "$cwd" || die "cd $cwd"
 log "running mvm ($# words, uid $uid gid $gid) in $cwd"
-"$@" </io/stdin >/io/stdout 2>/io/stderr
+"$@" </io/stdin >/io/stdout 2>/io/stderr &
+mvm_pid=$!
+# A signal for mvm, as a user would send one (MVM_TESTHOST_SIGNAL="TERM 3"
+# in the wrapper: SIGTERM after 3 s), to test forwarding and teardown.
+if [ -s /io/signal ]; then
+    read -r sig delay </io/signal
+    (sleep "$delay" && kill -"$sig" "$mvm_pid") &
+fi
+wait "$mvm_pid"
 status=$?
 log "mvm exited with status $status at $(cut -d' ' -f1 /proc/uptime) s uptime"
+
+# Whatever mvm left behind is a bug: session directories (with their
+# sockets) under the runtime base, or mvm processes.
+{
+    ls -d /run/tmp/mvm-*/* 2>/dev/null
+    for p in /proc/[0-9]*; do
+        [ "$(cat "$p/comm" 2>/dev/null)" = mvm ] && echo "process ${p#/proc/}"
+    done
+} >/io/leftovers
 
 # status last, and atomically: its presence means stdout/stderr are complete.
 cd /

@@ -52,6 +52,23 @@ fn missing_kernel_names_the_file_and_the_fix() {
 }
 
 #[test]
+fn a_failed_run_leaves_no_session_directory() {
+    let runtime = std::env::temp_dir().join(format!("mvm-cli-rt-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime).unwrap();
+    let rt = runtime.to_str().unwrap();
+    let out = mvm(
+        &["run", "--kernel", "/nonexistent/vmlinux", "--", "true"],
+        &[("XDG_RUNTIME_DIR", rt)],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let base = runtime.join("mvm");
+    assert!(base.is_dir(), "the run created its session base");
+    let left: Vec<_> = std::fs::read_dir(&base).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
+
+#[test]
 fn a_file_that_is_not_a_kernel_is_refused() {
     let f = vmm_sys_util::tempfile::TempFile::new().unwrap();
     f.as_file().write_all(b"not a kernel at all").unwrap();
