@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::eventfd::EventFd;
 
+use mvm_devices::legacy::{GuestReport, BOOT_MARKER_INIT_STARTED};
+
 use crate::device_manager::SerialConsole;
 
 /// While console input waits for room in the UART FIFO, the loop wakes this
@@ -51,23 +53,10 @@ impl MutEventSubscriber for StopWatcher {
     }
 }
 
-/// Copies host stdin into the guest's UART.
+/// Reads host stdin into the queue the loop offers to the guest's UART.
 struct ConsoleInput {
     fd: RawFd,
-    serial: SerialConsole,
     pending: Arc<Mutex<Vec<u8>>>,
-}
-
-impl ConsoleInput {
-    fn offer(serial: &SerialConsole, pending: &Mutex<Vec<u8>>) {
-        let (Ok(mut serial), Ok(mut pending)) = (serial.lock(), pending.lock()) else {
-            return;
-        };
-        if !pending.is_empty() {
-            let taken = serial.enqueue_input(&pending);
-            pending.drain(..taken);
-        }
-    }
 }
 
 impl MutEventSubscriber for ConsoleInput {
@@ -83,7 +72,6 @@ impl MutEventSubscriber for ConsoleInput {
                 if let Ok(mut p) = self.pending.lock() {
                     p.extend_from_slice(&buf[..n]);
                 }
-                Self::offer(&self.serial, &self.pending);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             // EOF or a broken stdin: stop watching it, the guest keeps going.
@@ -117,10 +105,39 @@ impl MutEventSubscriber for ConsoleInput {
     }
 }
 
+/// Console input waiting for the guest, and whether the guest can take it
+/// yet: bytes sent while the kernel boots are flushed by its UART driver,
+/// so input is held until guest-init's boot marker says userspace (and an
+/// open console tty) is there.
+struct ConsoleFeed {
+    serial: SerialConsole,
+    pending: Arc<Mutex<Vec<u8>>>,
+    guest: GuestReport,
+}
+
+impl ConsoleFeed {
+    fn waiting(&self) -> bool {
+        self.pending.lock().map(|p| !p.is_empty()).unwrap_or(false)
+    }
+
+    fn offer(&self) {
+        if !self.guest.has_marker(BOOT_MARKER_INIT_STARTED) {
+            return;
+        }
+        let (Ok(mut serial), Ok(mut pending)) = (self.serial.lock(), self.pending.lock()) else {
+            return;
+        };
+        if !pending.is_empty() {
+            let taken = serial.enqueue_input(&pending);
+            pending.drain(..taken);
+        }
+    }
+}
+
 pub struct EventLoop {
     manager: EventManager<Box<dyn MutEventSubscriber + Send>>,
     stopped: Arc<AtomicBool>,
-    input: Option<(SerialConsole, Arc<Mutex<Vec<u8>>>)>,
+    input: Option<ConsoleFeed>,
 }
 
 /// How a wait for the VM ended.
@@ -151,25 +168,26 @@ impl EventLoop {
         self.manager.add_subscriber(subscriber);
     }
 
-    /// Forwards this process's stdin to the guest console.
-    pub fn forward_stdin(&mut self, serial: SerialConsole) {
+    /// Forwards this process's stdin to the guest console once guest-init
+    /// runs (see `ConsoleFeed`).
+    pub fn forward_stdin(&mut self, serial: SerialConsole, guest: GuestReport) {
         let pending = Arc::new(Mutex::new(Vec::new()));
         let input: Box<dyn MutEventSubscriber + Send> = Box::new(ConsoleInput {
             fd: io::stdin().as_raw_fd(),
-            serial: serial.clone(),
             pending: pending.clone(),
         });
         self.manager.add_subscriber(input);
-        self.input = Some((serial, pending));
+        self.input = Some(ConsoleFeed {
+            serial,
+            pending,
+            guest,
+        });
     }
 
     /// Runs until the VM stops or `deadline` passes.
     pub fn run_until_stopped(&mut self, deadline: Option<Instant>) -> Result<Wait, Error> {
         while !self.stopped.load(Ordering::SeqCst) {
-            let input_waiting = self
-                .input
-                .as_ref()
-                .is_some_and(|(_, p)| p.lock().map(|p| !p.is_empty()).unwrap_or(false));
+            let input_waiting = self.input.as_ref().is_some_and(ConsoleFeed::waiting);
             let mut timeout = input_waiting.then_some(INPUT_RETRY);
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -180,8 +198,8 @@ impl EventLoop {
             }
             let ms = timeout.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
             self.manager.run_with_timeout(ms).map_err(Error::Run)?;
-            if let Some((serial, pending)) = &self.input {
-                ConsoleInput::offer(serial, pending);
+            if let Some(feed) = &self.input {
+                feed.offer();
             }
         }
         Ok(Wait::Stopped)

@@ -58,7 +58,7 @@ pub fn run(vmm: Vmm, opts: RunOptions) -> Result<RunReport, Error> {
         event_loop.add_subscriber(subscriber);
     }
     if opts.forward_stdin {
-        event_loop.forward_stdin(vmm.serial.clone());
+        event_loop.forward_stdin(vmm.serial.clone(), vmm.report.clone());
     }
     let deadline = opts.timeout.map(|t| Instant::now() + t);
     // vCPU threads are not joined: a vCPU can be blocked in KVM_RUN on a

@@ -36,6 +36,14 @@ impl GuestReport {
         self.0.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
+    /// Whether the guest has written `marker` yet.
+    pub fn has_marker(&self, marker: u8) -> bool {
+        self.0
+            .lock()
+            .map(|r| r.markers.iter().any(|(m, _)| *m == marker))
+            .unwrap_or(false)
+    }
+
     fn update(&self, f: impl FnOnce(&mut Report)) {
         if let Ok(mut report) = self.0.lock() {
             f(&mut report);
@@ -89,6 +97,8 @@ mod tests {
         port.write(0, &[BOOT_MARKER_INIT_STARTED]);
         port.write(4, &7u32.to_le_bytes());
         let r = report.snapshot();
+        assert!(report.has_marker(BOOT_MARKER_INIT_STARTED));
+        assert!(!report.has_marker(2));
         assert_eq!(r.exit_status, Some(7));
         assert_eq!(r.markers.len(), 1);
         assert_eq!(r.markers[0].0, BOOT_MARKER_INIT_STARTED);
