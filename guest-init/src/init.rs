@@ -37,6 +37,9 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     mounts::mount_others()?;
     mounts::ensure_dir(c"/root", 0o700)?;
     say!("ready (kernel {})", kernel_release());
+    if let Some(ports) = ports.as_ref() {
+        ports.ready_marker();
+    }
 
     let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
     let line = String::from_utf8_lossy(&line);

@@ -17,6 +17,9 @@ pub const BOOT_MARKER_PORT: u16 = PORT_BASE;
 pub const EXIT_STATUS_PORT: u16 = PORT_BASE + 4;
 /// Marker value meaning "guest-init reached userspace".
 pub const BOOT_MARKER_USERSPACE: u8 = 1;
+/// Marker value meaning "init is set up and about to start the command"
+/// (the VMM holds console input until then).
+pub const BOOT_MARKER_READY: u8 = 2;
 
 /// Proof that `ioperm` granted access to the mvm ports. An `out` without it
 /// would fault, killing PID 1 and panicking the kernel, so the port writes
@@ -44,13 +47,22 @@ impl Ports {
 
     /// Tells the VMM that init is running in userspace (it timestamps this).
     pub fn boot_marker(&self) {
+        self.marker(BOOT_MARKER_USERSPACE);
+    }
+
+    /// Tells the VMM that init is ready and the command starts next.
+    pub fn ready_marker(&self) {
+        self.marker(BOOT_MARKER_READY);
+    }
+
+    fn marker(&self, value: u8) {
         // SAFETY: `self` proves ioperm covers this port; the VMM handles the
         // write as a device access and no guest memory is touched.
         unsafe {
             std::arch::asm!(
                 "out dx, al",
                 in("dx") BOOT_MARKER_PORT,
-                in("al") BOOT_MARKER_USERSPACE,
+                in("al") value,
                 options(nomem, nostack, preserves_flags),
             );
         }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::eventfd::EventFd;
 
-use mvm_devices::legacy::{GuestReport, BOOT_MARKER_INIT_STARTED};
+use mvm_devices::legacy::{GuestReport, BOOT_MARKER_INIT_READY};
 
 use crate::device_manager::SerialConsole;
 
@@ -107,8 +107,8 @@ impl MutEventSubscriber for ConsoleInput {
 
 /// Console input waiting for the guest, and whether the guest can take it
 /// yet: bytes sent while the kernel boots are flushed by its UART driver,
-/// so input is held until guest-init's boot marker says userspace (and an
-/// open console tty) is there.
+/// and bytes echoed while guest-init prints would garble its lines, so
+/// input is held until guest-init's "ready" marker.
 struct ConsoleFeed {
     serial: SerialConsole,
     pending: Arc<Mutex<Vec<u8>>>,
@@ -121,7 +121,7 @@ impl ConsoleFeed {
     }
 
     fn offer(&self) {
-        if !self.guest.has_marker(BOOT_MARKER_INIT_STARTED) {
+        if !self.guest.has_marker(BOOT_MARKER_INIT_READY) {
             return;
         }
         let (Ok(mut serial), Ok(mut pending)) = (self.serial.lock(), self.pending.lock()) else {

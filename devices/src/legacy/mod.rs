@@ -8,5 +8,7 @@ mod trigger;
 
 pub use i8042::I8042;
 pub use serial::Serial;
-pub use status_port::{GuestReport, StatusPort, BOOT_MARKER_INIT_STARTED, STATUS_PORT_LEN};
+pub use status_port::{
+    GuestReport, StatusPort, BOOT_MARKER_INIT_READY, BOOT_MARKER_INIT_STARTED, STATUS_PORT_LEN,
+};
 pub use trigger::EventFdTrigger;

@@ -17,6 +17,9 @@ use crate::bus::BusDevice;
 pub const STATUS_PORT_LEN: u64 = 8;
 /// Marker written by guest-init as its first act in userspace.
 pub const BOOT_MARKER_INIT_STARTED: u8 = 1;
+/// Marker written by guest-init once it is set up (its readiness line is
+/// on the console) and the command starts next.
+pub const BOOT_MARKER_INIT_READY: u8 = 2;
 
 const MARKER_OFFSET: u64 = 0;
 const STATUS_OFFSET: u64 = 4;
