@@ -6,7 +6,7 @@ use std::io;
 
 use crate::error::Error;
 use crate::vmm_port::Ports;
-use crate::{agent, cmdline, console, mounts, reap, say, shutdown, spawn, status};
+use crate::{agent, cmdline, console, mounts, power, reap, say, shutdown, spawn, status};
 
 /// Runs the whole guest lifetime and ends it with a reboot.
 pub fn run() -> ! {
@@ -49,6 +49,9 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     }
     let launch = cmdline::parse(&line)?;
     chdir(&launch.workdir)?;
+    if let Err(e) = power::install() {
+        say!("warning: poweroff/reboot requests will be ignored: {e}");
+    }
     let pid = spawn::spawn(&launch.argv, launch.interactive)?;
     reap::wait_for(pid)
 }

@@ -19,6 +19,7 @@ pub mod errno;
 pub mod error;
 pub mod init;
 pub mod mounts;
+pub mod power;
 pub mod reap;
 pub mod shutdown;
 pub mod spawn;

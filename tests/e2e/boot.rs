@@ -117,3 +117,15 @@ fn cpus_and_memory_reach_the_guest() {
         "MemTotal {kib} KiB for a 256 MiB guest"
     );
 }
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn poweroff_and_reboot_in_the_guest_end_the_vm_cleanly() {
+    // busybox signals PID 1 for these; guest-init ends the command and
+    // stops the VM as after any command.
+    for command in ["poweroff", "reboot"] {
+        let input = format!("{command}\n");
+        let run = mvm(&["boot", "--timeout", "60"], input.as_bytes());
+        assert_eq!(run.code, Some(0), "{command} ends the VM with 0");
+    }
+}
