@@ -53,19 +53,46 @@ pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
 /// nested-KVM-under-TCG environment, not mvm (docs/testing.md); a real mvm
 /// bug shows up on the second try too, or as output, a status, a message.
 pub fn mvm_signalled(args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
-    let run = mvm_once(args, stdin, signal);
+    mvm_retrying(&[], args, stdin, signal)
+}
+
+/// As `mvm`, but the caller is the unprivileged `nobody` (through
+/// util-linux's setpriv): mvm then runs, and runs the command, as 65534.
+/// Only root can switch users; anyone else already is unprivileged.
+pub fn mvm_as_nobody(args: &[&str]) -> Run {
+    const NOBODY: &[&str] = &[
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    mvm_retrying(NOBODY, args, b"", None)
+}
+
+fn mvm_retrying(prefix: &[&str], args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
+    let run = mvm_once(prefix, args, stdin, signal);
     if run.code == Some(125)
         && run.stdout.is_empty()
         && run.stderr.contains("the test host did not finish within")
     {
         eprintln!("RETRY {args:?}: the test host hung before mvm said anything");
-        return mvm_once(args, stdin, signal);
+        return mvm_once(prefix, args, stdin, signal);
     }
     run
 }
 
-fn mvm_once(args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
-    let mut child = Command::new(repo_root().join("tests/testhost/mvm"))
+fn mvm_once(prefix: &[&str], args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
+    let wrapper = repo_root().join("tests/testhost/mvm");
+    let mut command = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(&wrapper);
+            c
+        }
+        None => Command::new(&wrapper),
+    };
+    let mut child = command
         .args(args)
         .env("MVM_TESTHOST_SIGNAL", signal.unwrap_or(""))
         // A hung test host fails the call in a minute and a half, not the

@@ -2,7 +2,7 @@
 //! streams, stdin, large output, timeouts, identity, environment, pty,
 //! idle cost, and nothing left behind.
 
-use mvm_e2e::{mvm, mvm_signalled, Run};
+use mvm_e2e::{mvm, mvm_as_nobody, mvm_signalled, Run};
 
 fn stderr_without_harness_line(run: &Run) -> String {
     run.stderr
@@ -236,4 +236,25 @@ fn a_command_ignoring_sigterm_is_torn_down_after_the_grace_period() {
         run.stderr
     );
     assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn an_unprivileged_caller_runs_mvm_and_the_command_as_itself() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Uid:")
+                .map(|r| r.split_whitespace().next().unwrap().to_string())
+        })
+        .unwrap();
+    if uid != "0" {
+        eprintln!("SKIP: not root, so every other test already runs unprivileged");
+        return;
+    }
+    // The test host hands /dev/kvm to the caller and runs mvm as it.
+    let run = mvm_as_nobody(&["run", "--", "sh", "-c", "id -u; id -g; echo $HOME"]);
+    assert_eq!(run.code, Some(0));
+    assert_eq!(run.stdout, "65534\n65534\n/run/home\n");
 }
