@@ -125,6 +125,20 @@ fn mvm_once(prefix: &[&str], args: &[&str], stdin: &[u8], signal: Option<&str>) 
     run
 }
 
+/// The real uid of this test process.
+pub fn caller_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next())
+                .and_then(|uid| uid.parse().ok())
+        })
+        .expect("Uid: line in /proc/self/status")
+}
+
 /// The guest kernel's release string, as recorded by its build.
 pub fn guest_kernel_release() -> String {
     std::fs::read_to_string(build_dir().join("share/mvm/kernel.release"))

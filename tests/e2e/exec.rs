@@ -2,7 +2,7 @@
 //! streams, stdin, large output, timeouts, identity, environment, pty,
 //! idle cost, and nothing left behind.
 
-use mvm_e2e::{mvm, mvm_as_nobody, mvm_signalled, Run};
+use mvm_e2e::{caller_uid, mvm, mvm_as_nobody, mvm_signalled, Run};
 
 fn stderr_without_harness_line(run: &Run) -> String {
     run.stderr
@@ -105,14 +105,7 @@ fn timeout_destroys_the_vm_with_124() {
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn runs_as_the_invoking_user_unless_root_is_asked() {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Uid:")
-                .map(|r| r.split_whitespace().next().unwrap().to_string())
-        })
-        .unwrap();
+    let uid = caller_uid().to_string();
     let run = mvm(&["run", "--", "id", "-u"], b"");
     assert_eq!(run.code, Some(0));
     assert_eq!(run.stdout.trim(), uid);
@@ -241,15 +234,7 @@ fn a_command_ignoring_sigterm_is_torn_down_after_the_grace_period() {
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn an_unprivileged_caller_runs_mvm_and_the_command_as_itself() {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Uid:")
-                .map(|r| r.split_whitespace().next().unwrap().to_string())
-        })
-        .unwrap();
-    if uid != "0" {
+    if caller_uid() != 0 {
         eprintln!("SKIP: not root, so every other test already runs unprivileged");
         return;
     }
