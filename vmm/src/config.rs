@@ -32,13 +32,11 @@ pub struct VmConfig {
     pub vsock: Option<VsockConfig>,
 }
 
-/// The guest CID mvm's host client and guest agent agree on.
-pub const VSOCK_GUEST_CID: u64 = 3;
-
 /// Firecracker-style "hybrid" vsock: the VMM listens on `uds_path`; a host
 /// client connects there and writes `CONNECT <guest port>\n` (see
 /// devices/src/virtio/vsock/mod.rs). The path must not exist yet, and
-/// whoever chose it removes it after the VM ends.
+/// whoever chose it removes it after the VM ends (`mvm run`: the session
+/// directory). The CID is `mvm_protocol::GUEST_CID`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VsockConfig {
     pub cid: u64,
