@@ -25,7 +25,7 @@ INITRAMFS := $(SHARE)/initramfs.cpio
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit kvm-test e2e lint clean
+.PHONY: all deps demo test unit e2e lint bench clean
 all: $(MVM) $(KERNEL) $(INITRAMFS) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
@@ -70,6 +70,10 @@ unit:
 # End-to-end: the real binary, kernel and initramfs, through the test host.
 e2e: all
 	cargo test --locked -p mvm-e2e -- --ignored --test-threads=1
+
+# Boot and overhead figures (docs/benchmarks.md); not part of `make test`.
+bench: all
+	python3 benches/bench.py
 
 # Second README command: everything.
 test: lint unit e2e

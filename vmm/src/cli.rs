@@ -223,7 +223,7 @@ fn boot(args: &VmArgs, started: Instant) -> Result<i32, Failure> {
         },
     )
     .map_err(vmm_failure)?;
-    print_stats(args.print_stats, started, &report);
+    print_stats(args.print_stats, started, &report, None);
     match report.outcome {
         Outcome::Exited(_) | Outcome::Stopped => Ok(0),
         other => Err(outcome_failure(other, args.timeout)),
@@ -237,7 +237,13 @@ pub(crate) fn vmm_failure(e: runner::Error) -> Failure {
     }
 }
 
-pub(crate) fn print_stats(wanted: bool, started: Instant, report: &runner::RunReport) {
+/// `teardown_from`: when the command's exit status arrived (`mvm run`).
+pub(crate) fn print_stats(
+    wanted: bool,
+    started: Instant,
+    report: &runner::RunReport,
+    teardown_from: Option<Instant>,
+) {
     if !wanted {
         return;
     }
@@ -253,6 +259,12 @@ pub(crate) fn print_stats(wanted: bool, started: Instant, report: &runner::RunRe
             secs(usage.ru_utime) + secs(usage.ru_stime)
         );
         eprintln!("mvm: peak rss: {} KiB", usage.ru_maxrss);
+    }
+    if let Some(kib) = report.guest_resident_kib {
+        eprintln!("mvm: guest resident: {kib} KiB");
+    }
+    if let Some(at) = teardown_from {
+        eprintln!("mvm: teardown: {:.1} ms", at.elapsed().as_secs_f64() * 1e3);
     }
 }
 

@@ -62,9 +62,14 @@ pub(crate) fn run(
     let report = runner::run(vmm, opts.clone()).map_err(vmm_failure)?;
     let result = session.finish();
     drop(raw_mode);
-    print_stats(want_stats, opts.started, &report);
+    print_stats(
+        want_stats,
+        opts.started,
+        &report,
+        result.as_ref().ok().map(|(_, at)| *at),
+    );
 
-    if let Ok(exit) = &result {
+    if let Ok((exit, _)) = &result {
         return Ok(i32::from(exit.status));
     }
     if let Some(sig) = teardown.signal() {

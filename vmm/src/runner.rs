@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use mvm_devices::legacy::BOOT_MARKER_INIT_STARTED;
 
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
 use crate::builder::Vmm;
 use crate::event_loop::{self, EventLoop, Wait};
 use crate::vcpu::{self, VcpuStop};
@@ -36,6 +38,9 @@ pub struct RunReport {
     pub outcome: Outcome,
     /// From `started` to guest-init's boot marker, if it came.
     pub boot_to_init: Option<Duration>,
+    /// Guest RAM resident in this process when the VM stopped, in KiB: the
+    /// part of mvm's RSS that is the guest's, not the VMM's.
+    pub guest_resident_kib: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -91,5 +96,24 @@ pub fn run(vmm: Vmm, opts: RunOptions) -> Result<RunReport, Error> {
     Ok(RunReport {
         outcome,
         boot_to_init,
+        guest_resident_kib: resident_kib(&vmm.mem),
     })
+}
+
+/// Pages of guest memory that are resident (mincore), in KiB.
+fn resident_kib(mem: &GuestMemoryMmap) -> Option<u64> {
+    const PAGE: usize = 4096;
+    let mut total = 0u64;
+    for region in mem.iter() {
+        let len = region.len() as usize;
+        let mut vec = vec![0u8; len.div_ceil(PAGE)];
+        // SAFETY: the region is a live page-aligned mapping of `len` bytes
+        // owned by `mem`; `vec` has one byte per page, as mincore needs.
+        let rc = unsafe { libc::mincore(region.as_ptr().cast(), len, vec.as_mut_ptr()) };
+        if rc != 0 {
+            return None;
+        }
+        total += vec.iter().filter(|b| *b & 1 == 1).count() as u64 * (PAGE as u64 / 1024);
+    }
+    Some(total)
 }

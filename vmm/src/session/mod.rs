@@ -30,8 +30,12 @@ const GUEST_STOP_GRACE: Duration = Duration::from_secs(3);
 /// be relayed before the channel is cut.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
+/// The command's exit status, and when it arrived (teardown is measured
+/// from there).
+pub type Ended = (Exit, Instant);
+
 pub struct Session {
-    done: Receiver<Result<Exit, client::Error>>,
+    done: Receiver<Result<Ended, client::Error>>,
     stream: Arc<Mutex<Option<UnixStream>>>,
 }
 
@@ -72,7 +76,7 @@ fn exec(
     vm: &VmHandle,
     target: &Target,
     slot: &Mutex<Option<UnixStream>>,
-) -> Result<Exit, client::Error> {
+) -> Result<Ended, client::Error> {
     let stream = client::connect(uds, AGENT_PORT, &|| vm.stopped.load(Ordering::SeqCst))?;
     if let Ok(mut s) = slot.lock() {
         *s = stream.try_clone().ok();
@@ -89,7 +93,7 @@ fn exec(
     } else {
         client::send(&writer, &Message::StdinEof)?;
     }
-    let exit = client::relay_output(&mut reader);
+    let exit = client::relay_output(&mut reader).map(|e| (e, Instant::now()));
     // Closing tells the agent the host has everything; it reboots then.
     let _ = stream.shutdown(Shutdown::Both);
     exit
@@ -109,7 +113,7 @@ fn stop_guest_if_lingering(vm: &VmHandle) {
 impl Session {
     /// Called once the VM has stopped: the command's exit, or why there is
     /// none.
-    pub fn finish(self) -> Result<Exit, client::Error> {
+    pub fn finish(self) -> Result<Ended, client::Error> {
         match self.done.recv_timeout(DRAIN_GRACE) {
             Ok(result) => return result,
             Err(RecvTimeoutError::Disconnected) => return Err(client::Error::Lost),
