@@ -78,6 +78,38 @@ impl Write for ConsoleOutput {
     }
 }
 
+/// A writer that keeps the first `limit` bytes and drops the rest, for the
+/// console log file: a guest printing without end must not fill the host's
+/// disk.
+pub struct Capped<W: Write> {
+    inner: W,
+    left: u64,
+}
+
+impl<W: Write> Capped<W> {
+    pub fn new(inner: W, limit: u64) -> Self {
+        Self { inner, left: limit }
+    }
+}
+
+impl<W: Write> Write for Capped<W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let keep = data
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        if keep > 0 {
+            self.inner.write_all(&data[..keep])?;
+            self.left -= keep as u64;
+        }
+        // Everything is accepted: the excess is dropped, not an error.
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +152,16 @@ mod tests {
         assert!(!flag.load(Ordering::SeqCst));
         feed(&mut c, b"ng: Attempted to kill init!\n");
         assert!(flag.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn capped_writer_keeps_the_head_and_drops_the_rest() {
+        let sink = Shared::default();
+        let mut w = Capped::new(sink.clone(), 5);
+        w.write_all(b"abc").unwrap();
+        w.write_all(b"defgh").unwrap();
+        w.write_all(b"ij").unwrap();
+        assert_eq!(sink.0.lock().unwrap().as_slice(), b"abcde");
     }
 
     #[test]

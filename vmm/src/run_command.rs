@@ -12,9 +12,13 @@ use mvm_protocol::{ExecRequest, GUEST_CID};
 use crate::builder;
 use crate::cli::{outcome_failure, print_stats, setup_failure, vmm_failure, Failure, RunArgs};
 use crate::config::{VmConfig, VsockConfig};
-use crate::console::ConsoleOutput;
+use crate::console::{Capped, ConsoleOutput};
 use crate::runner::{self, Outcome, RunOptions};
 use crate::session::{self, signals, terminal, SessionDir, Teardown, VmHandle};
+
+/// The console log keeps this much of what the guest prints; a guest that
+/// floods its console cannot fill the host's disk.
+const CONSOLE_LOG_LIMIT: u64 = 4 << 20;
 
 /// Console lines shown when the guest crashed (unless --quiet).
 const CONSOLE_TAIL_LINES: usize = 20;
@@ -35,10 +39,11 @@ pub(crate) fn run(
     let console: Box<dyn io::Write + Send> = if args.console {
         Box::new(io::stderr())
     } else {
-        Box::new(
+        Box::new(Capped::new(
             File::create(dir.console_path())
                 .map_err(|e| setup_failure(format!("cannot create the console log: {e}")))?,
-        )
+            CONSOLE_LOG_LIMIT,
+        ))
     };
     let vmm = builder::build(&config, ConsoleOutput::new(console))?;
 
