@@ -79,7 +79,8 @@ pub struct VmArgs {
     pub timeout: Option<f64>,
     /// Print measurements on stderr at the end: boot to init (mvm start to
     /// guest-init's boot marker), wall time, CPU time and peak RSS of the
-    /// mvm process (VMM threads and vCPUs together)
+    /// mvm process (VMM threads and vCPUs together), guest RAM resident in
+    /// it, and for `run` the teardown time (docs/benchmarks.md)
     #[arg(long)]
     pub print_stats: bool,
 }
