@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 use mvm_guest_init::agent::relay::{Relay, RelayError};
 use mvm_guest_init::agent::signals::ChildSignals;
 use mvm_guest_init::agent::{child, fd, request, signals};
-use mvm_protocol::{
-    ErrorReport, ExecRequest, Exit, FrameReader, Message, Resize, Signal, MAX_DATA,
-};
+use mvm_protocol::{ExecRequest, Exit, FrameReader, Message, Resize, Signal, MAX_DATA};
 
 /// A step of the fake host's script.
 enum Step {
@@ -50,17 +48,7 @@ struct Outcome {
 }
 
 fn request(argv: &[&str]) -> ExecRequest {
-    ExecRequest {
-        argv: argv.iter().map(|a| a.to_string()).collect(),
-        env: vec![],
-        cwd: "/".into(),
-        uid: 0,
-        gid: 0,
-        tty: false,
-        rows: 0,
-        cols: 0,
-        max_procs: 0,
-    }
+    ExecRequest::new(argv.iter().map(|a| a.to_string()).collect())
 }
 
 /// Spawns `req`, relays it against a host thread running `script`, and
@@ -73,15 +61,7 @@ fn run(signals: &ChildSignals, req: ExecRequest, script: Vec<Step>, slow_reader:
     let start = Instant::now();
     let child = child::spawn(&prepared).unwrap();
     let pid = child.pid;
-    let first: Vec<Message> = child
-        .failure
-        .map(|f| {
-            Message::Error(ErrorReport {
-                message: f.message(&prepared),
-            })
-        })
-        .into_iter()
-        .collect();
+    let first = child.failure_reports(&prepared);
 
     let received = Arc::new(Mutex::new(Received::default()));
     let reader = {

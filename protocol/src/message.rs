@@ -100,6 +100,24 @@ pub struct ExecRequest {
     pub max_procs: u64,
 }
 
+impl ExecRequest {
+    /// `argv` as root in `/`, no extra environment, pipes, no process
+    /// limit: the starting point callers adjust.
+    pub fn new(argv: Vec<String>) -> ExecRequest {
+        ExecRequest {
+            argv,
+            env: Vec::new(),
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            tty: false,
+            rows: 0,
+            cols: 0,
+            max_procs: 0,
+        }
+    }
+}
+
 /// Payload of `Signal`: deliver this signal to the command's process group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Signal {

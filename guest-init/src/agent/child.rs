@@ -14,6 +14,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::ptr;
 
 use super::fd::{self, check};
+use mvm_protocol::{ErrorReport, Message};
+
 use super::request::Prepared;
 use super::{pty, signals};
 use crate::errno::strerror;
@@ -46,6 +48,21 @@ pub struct Child {
     pub io: ChildIo,
     /// Set when a setup step or exec failed; the child exits with its status.
     pub failure: Option<Failure>,
+}
+
+impl Child {
+    /// The `Error` frame for a command that could not start (sent before
+    /// anything else), or none.
+    pub fn failure_reports(&self, prepared: &Prepared) -> Vec<Message> {
+        self.failure
+            .map(|f| {
+                Message::Error(ErrorReport {
+                    message: f.message(prepared),
+                })
+            })
+            .into_iter()
+            .collect()
+    }
 }
 
 /// The setup step that failed in the child.

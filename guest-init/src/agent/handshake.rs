@@ -112,17 +112,7 @@ mod tests {
     }
 
     fn exec() -> ExecRequest {
-        ExecRequest {
-            argv: vec!["true".into()],
-            env: vec![],
-            cwd: "/".into(),
-            uid: 0,
-            gid: 0,
-            tty: false,
-            rows: 0,
-            cols: 0,
-            max_procs: 0,
-        }
+        ExecRequest::new(vec!["true".into()])
     }
 
     #[test]

@@ -97,15 +97,7 @@ fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
         Err(err) => return fail(conn, err.to_string()),
     };
     let pid = child.pid;
-    let first: Vec<Message> = child
-        .failure
-        .map(|f| {
-            Message::Error(ErrorReport {
-                message: f.message(&prepared),
-            })
-        })
-        .into_iter()
-        .collect();
+    let first = child.failure_reports(&prepared);
     let outcome = fd::set_nonblocking(conn.as_fd())
         .and_then(|()| Relay::new(conn.as_fd(), &signals, child, &first))
         .map_err(RelayError::Setup)

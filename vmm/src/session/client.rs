@@ -204,15 +204,9 @@ mod tests {
 
     fn request() -> ExecRequest {
         ExecRequest {
-            argv: vec!["true".into()],
-            env: vec![],
-            cwd: "/".into(),
             uid: 1000,
             gid: 1000,
-            tty: false,
-            rows: 0,
-            cols: 0,
-            max_procs: 0,
+            ..ExecRequest::new(vec!["true".into()])
         }
     }
 
