@@ -201,6 +201,7 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
                     started,
                     timeout,
                     forward_stdin: false,
+                    measure: vm.print_stats,
                 },
                 vm.print_stats,
             )
@@ -221,6 +222,7 @@ fn boot(args: &VmArgs, started: Instant) -> Result<i32, Failure> {
             started,
             timeout,
             forward_stdin: true,
+            measure: args.print_stats,
         },
     )
     .map_err(vmm_failure)?;

@@ -131,6 +131,7 @@ fn run_guest(code: &[u8], vcpus: u8, timeout: Option<Duration>) -> (Outcome, Str
             started,
             timeout: Some(timeout.unwrap_or(Duration::from_secs(60))),
             forward_stdin: false,
+            measure: false,
         },
     )
     .unwrap();
