@@ -1,10 +1,12 @@
 # mvm: `make demo` builds everything and runs a command in a microVM;
 # `make test` runs the whole test suite. See README.md.
 #
-# Expensive outputs (the kernel source and the two kernel builds) are cached
-# under $(MVM_CACHE) and reused across clean clones; everything else lands
-# in build/ (ignored by git):
+# Expensive outputs (the kernel source, the two kernel builds and virtiofsd)
+# are cached under $(MVM_CACHE) and reused across clean clones; everything
+# else lands in build/ (ignored by git):
 #   build/bin/mvm                  the VMM (static)
+#   build/libexec/mvm/virtiofsd    virtio-fs backend mvm spawns (static,
+#                                  crate virtiofsd, scripts/build-virtiofsd.sh)
 #   build/share/mvm/vmlinux        guest kernel (+ kernel.release, source-*)
 #   build/share/mvm/initramfs.cpio guest initramfs: guest-init + busybox
 #   build/testhost/                test-host kernel and initramfs
@@ -20,13 +22,14 @@ CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol
 
 SHARE    := build/share/mvm
 MVM      := build/bin/mvm
+VIRTIOFSD := build/libexec/mvm/virtiofsd
 KERNEL   := $(SHARE)/vmlinux
 INITRAMFS := $(SHARE)/initramfs.cpio
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e lint bench clean
-all: $(MVM) $(KERNEL) $(INITRAMFS) $(TH_KERNEL) $(TH_INITRAMFS)
+.PHONY: all deps demo test unit e2e lint bench bench-fs clean
+all: $(MVM) $(VIRTIOFSD) $(KERNEL) $(INITRAMFS) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -47,6 +50,11 @@ $(RELEASE)/mvm $(RELEASE)/mvm-init: $(CARGO_SRCS)
 $(MVM): $(RELEASE)/mvm
 	@mkdir -p $(dir $@)
 	cp $< $@
+
+# Cached by the script itself (keyed on virtiofsd's version and the script's
+# RECIPE); needs libseccomp-dev and libcap-ng-dev from `make deps`.
+$(VIRTIOFSD): scripts/build-virtiofsd.sh build/.deps
+	scripts/build-virtiofsd.sh $@
 
 $(INITRAMFS): $(RELEASE)/mvm-init rootfs/build.sh build/.deps
 	rootfs/build.sh $(RELEASE)/mvm-init $@
@@ -74,6 +82,10 @@ e2e: all
 # Boot and overhead figures (docs/benchmarks.md); not part of `make test`.
 bench: all
 	python3 benches/bench.py
+
+# Workspace (virtio-fs) throughput next to the host's (docs/benchmarks.md).
+bench-fs: all
+	python3 benches/workspace.py
 
 # Second README command: everything.
 test: lint unit e2e

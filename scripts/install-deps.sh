@@ -4,8 +4,10 @@
 #   flex bison bc libelf-dev libssl-dev: building the guest kernel
 #   busybox-static cpio: the guest and test-host initramfs
 #   qemu-system-x86: the TCG test host (tests/testhost/)
+#   libseccomp-dev libcap-ng-dev: building virtiofsd (static, scripts/build-virtiofsd.sh)
 set -euo pipefail
-packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils)
+packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
+    libseccomp-dev libcap-ng-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -38,28 +38,140 @@ impl From<Output> for Run {
     }
 }
 
+/// What the wrapper puts before each line of its own on stderr.
+pub const WRAPPER_PREFIX: &str = "mvm (test host): ";
+
+impl Run {
+    /// The output of the call's `after` script (`Options::after`), line by
+    /// line: stderr's `mvm (test host): after: LINE` lines, prefix removed.
+    pub fn after_lines(&self) -> Vec<&str> {
+        wrapper_lines(&self.stderr, "after: ")
+    }
+
+    /// The output of the call's `setup` script (`Options::setup`), the same
+    /// way (`mvm (test host): setup: LINE`).
+    pub fn setup_lines(&self) -> Vec<&str> {
+        wrapper_lines(&self.stderr, "setup: ")
+    }
+
+    /// stderr less every line of the wrapper's own (its mode line, setup:
+    /// and after: lines, messages): what mvm itself wrote, newline-ended.
+    pub fn mvm_stderr(&self) -> String {
+        self.stderr
+            .lines()
+            .filter(|l| !l.starts_with(WRAPPER_PREFIX))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+}
+
+/// The `mvm (test host): KIND LINE` lines of a wrapper's stderr, with that
+/// prefix removed (`kind` is e.g. "after: ").
+pub fn wrapper_lines<'a>(stderr: &'a str, kind: &str) -> Vec<&'a str> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix(WRAPPER_PREFIX)?.strip_prefix(kind))
+        .collect()
+}
+
+/// Everything about one call of `tests/testhost/mvm` beyond its arguments;
+/// `Options::default()` is a plain call with empty stdin.
+///
+/// ```no_run
+/// use mvm_e2e::{mvm_with, Options};
+/// let run = mvm_with(
+///     &Options {
+///         setup: Some("mkdir -p /run/tmp/ws && echo hi >/run/tmp/ws/f"),
+///         after: Some("ls -ln /run/tmp/ws; echo status=$MVM_STATUS"),
+///         ..Options::default()
+///     },
+///     &["run", "--", "true"],
+/// );
+/// assert!(run.after_lines().contains(&"status=0"));
+/// ```
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Options<'a> {
+    /// mvm's stdin (read to its end before the test host starts).
+    pub stdin: &'a [u8],
+    /// `MVM_TESTHOST_SIGNAL`: "TERM 8" has the test host send mvm SIGTERM
+    /// 8 s after it starts, as a user or supervisor would.
+    pub signal: Option<&'a str>,
+    /// Call the wrapper as the unprivileged `nobody` (util-linux's setpriv;
+    /// only root can switch users, anyone else already is unprivileged):
+    /// mvm, the command and the scripts then run as 65534.
+    pub as_nobody: bool,
+    /// `MVM_TESTHOST_SETUP`: a `sh -c` script run just before mvm where mvm
+    /// runs (the test host, or this machine on hardware KVM), as the
+    /// caller, in the repo root; if it fails the call exits 125 and mvm
+    /// does not run. The test host's TMPDIR, /run/tmp, is its own tmpfs.
+    /// A retried call (see `mvm_with`) runs it again: keep it idempotent.
+    pub setup: Option<&'a str>,
+    /// `MVM_TESTHOST_AFTER`: a script run the same way just after mvm exits
+    /// (after the leftover check), with `MVM_STATUS` set to mvm's status;
+    /// its output comes back in `Run::after_lines`.
+    pub after: Option<&'a str>,
+}
+
 /// Runs `tests/testhost/mvm ARGS` with `stdin` as its input, in the repo
 /// root as working directory, and checks that mvm left nothing behind
-/// (the test host looks for session directories and mvm processes).
+/// (the test host looks for session directories and mvm and virtiofsd
+/// processes).
 pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
-    mvm_signalled(args, stdin, None)
+    mvm_with(
+        &Options {
+            stdin,
+            ..Options::default()
+        },
+        args,
+    )
 }
 
 /// As `mvm`, with the test host sending mvm `signal` ("TERM 8": SIGTERM
 /// 8 s after it starts), as a user or supervisor would.
+pub fn mvm_signalled(args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
+    mvm_with(
+        &Options {
+            stdin,
+            signal,
+            ..Options::default()
+        },
+        args,
+    )
+}
+
+/// As `mvm` with empty stdin, but the caller is the unprivileged `nobody`
+/// (through util-linux's setpriv): mvm then runs, and runs the command, as
+/// 65534. Only root can switch users; anyone else already is unprivileged.
+pub fn mvm_as_nobody(args: &[&str]) -> Run {
+    mvm_with(
+        &Options {
+            as_nobody: true,
+            ..Options::default()
+        },
+        args,
+    )
+}
+
+/// Runs `tests/testhost/mvm ARGS` as `options` say, in the repo root, and
+/// checks that mvm left nothing behind. Every other call goes through here.
 ///
 /// One retry, loudly, for one failure only: the test host itself hung
 /// (the wrapper's own timeout, nothing at all from mvm). That is the
 /// nested-KVM-under-TCG environment, not mvm (docs/testing.md); a real mvm
 /// bug shows up on the second try too, or as output, a status, a message.
-pub fn mvm_signalled(args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
-    mvm_retrying(&[], args, stdin, signal)
+pub fn mvm_with(options: &Options, args: &[&str]) -> Run {
+    let run = mvm_once(options, args);
+    if run.code == Some(125)
+        && run.stdout.is_empty()
+        && run.stderr.contains("the test host did not finish within")
+    {
+        eprintln!("RETRY {args:?}: the test host hung before mvm said anything");
+        return mvm_once(options, args);
+    }
+    run
 }
 
-/// As `mvm`, but the caller is the unprivileged `nobody` (through
-/// util-linux's setpriv): mvm then runs, and runs the command, as 65534.
-/// Only root can switch users; anyone else already is unprivileged.
-pub fn mvm_as_nobody(args: &[&str]) -> Run {
+fn mvm_once(options: &Options, args: &[&str]) -> Run {
     const NOBODY: &[&str] = &[
         "setpriv",
         "--reuid=65534",
@@ -67,37 +179,31 @@ pub fn mvm_as_nobody(args: &[&str]) -> Run {
         "--clear-groups",
         "--",
     ];
-    mvm_retrying(NOBODY, args, b"", None)
-}
-
-fn mvm_retrying(prefix: &[&str], args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
-    let run = mvm_once(prefix, args, stdin, signal);
-    if run.code == Some(125)
-        && run.stdout.is_empty()
-        && run.stderr.contains("the test host did not finish within")
-    {
-        eprintln!("RETRY {args:?}: the test host hung before mvm said anything");
-        return mvm_once(prefix, args, stdin, signal);
-    }
-    run
-}
-
-fn mvm_once(prefix: &[&str], args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
     let wrapper = repo_root().join("tests/testhost/mvm");
-    let mut command = match prefix.split_first() {
-        Some((program, rest)) => {
-            let mut c = Command::new(program);
-            c.args(rest).arg(&wrapper);
-            c
-        }
-        None => Command::new(&wrapper),
+    let mut command = if options.as_nobody {
+        let mut c = Command::new(NOBODY[0]);
+        c.args(&NOBODY[1..]).arg(&wrapper);
+        c
+    } else {
+        Command::new(&wrapper)
     };
-    let mut child = command
+    command
         .args(args)
-        .env("MVM_TESTHOST_SIGNAL", signal.unwrap_or(""))
+        .env("MVM_TESTHOST_SIGNAL", options.signal.unwrap_or(""))
         // A hung test host fails the call in a minute and a half, not the
         // wrapper's default quarter of an hour.
-        .env("MVM_TESTHOST_TIMEOUT", "90")
+        .env("MVM_TESTHOST_TIMEOUT", "90");
+    // Only what this call asks for, never scripts from the environment.
+    for (name, script) in [
+        ("MVM_TESTHOST_SETUP", options.setup),
+        ("MVM_TESTHOST_AFTER", options.after),
+    ] {
+        match script {
+            Some(script) => command.env(name, script),
+            None => command.env_remove(name),
+        };
+    }
+    let mut child = command
         .current_dir(repo_root())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -105,7 +211,7 @@ fn mvm_once(prefix: &[&str], args: &[&str], stdin: &[u8], signal: Option<&str>) 
         .spawn()
         .expect("start tests/testhost/mvm");
     let mut input = child.stdin.take().expect("stdin pipe");
-    input.write_all(stdin).expect("write stdin");
+    input.write_all(options.stdin).expect("write stdin");
     drop(input);
     let out = child
         .wait_with_output()
@@ -117,9 +223,16 @@ fn mvm_once(prefix: &[&str], args: &[&str], stdin: &[u8], signal: Option<&str>) 
         clip(&run.stdout),
         clip(&run.stderr)
     );
+    // SIGKILL skips mvm's cleanup, so its session directory stays (the
+    // next run sweeps it); processes left alive are a bug even then.
+    let killed = options.signal.is_some_and(|s| s.starts_with("KILL"));
+    let leftovers: Vec<&str> = wrapper_lines(&run.stderr, "mvm left behind: ")
+        .into_iter()
+        .filter(|what| !(killed && what.starts_with("/run/tmp/mvm-")))
+        .collect();
     assert!(
-        !run.stderr.contains("mvm left behind:"),
-        "mvm left something behind: {}",
+        leftovers.is_empty(),
+        "mvm left something behind: {leftovers:?}\n{}",
         run.stderr
     );
     run

@@ -6,12 +6,17 @@
 //! `mvm.workdir=<hex>`: hex of the working directory, default `/`.
 //! `mvm.agent=1`: the VMM gave the guest a vsock device; serve the exec
 //! channel (docs/protocol.md, version 1) instead of running `mvm.cmd`.
+//! `mvm.mount=<tag>,<ro|rw>,<hex>`, once per virtio-fs share, in mount
+//! order: the device tag, the access mode and the hex of the guest path.
 
 use std::ffi::{CStr, CString};
 
 pub const CMD_PARAM: &str = "mvm.cmd";
 pub const WORKDIR_PARAM: &str = "mvm.workdir";
 pub const AGENT_PARAM: &str = "mvm.agent";
+pub const MOUNT_PARAM: &str = "mvm.mount";
+/// Longest virtio-fs tag: the device's config field is 36 bytes.
+pub const MAX_TAG_LEN: usize = 36;
 /// Run when the VMM passes no command: an interactive shell on the console.
 pub const DEFAULT_COMMAND: &CStr = c"/bin/sh";
 pub const DEFAULT_WORKDIR: &CStr = c"/";
@@ -38,6 +43,42 @@ pub enum ParseError {
     NulInArgument,
     #[error("{WORKDIR_PARAM}: must be a non-empty path without NUL bytes")]
     BadWorkdir,
+    #[error("{MOUNT_PARAM}={value}: {problem}")]
+    Mount {
+        value: String,
+        problem: MountProblem,
+    },
+}
+
+/// What is wrong with one `mvm.mount` value.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MountProblem {
+    #[error("expected <tag>,<ro|rw>,<hex of the guest path>")]
+    Fields,
+    #[error("the tag must be 1 to {MAX_TAG_LEN} of A-Z a-z 0-9 _ -")]
+    Tag,
+    #[error("the mode must be ro or rw")]
+    Mode,
+    #[error("path: {0}")]
+    Hex(HexError),
+    #[error("the path must be absolute")]
+    NotAbsolute,
+    #[error("the path contains a NUL byte")]
+    Nul,
+    #[error("the path must not contain a .. component")]
+    DotDot,
+    #[error("the path must not be /")]
+    Root,
+}
+
+/// One virtio-fs share to mount, from `mvm.mount`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Share {
+    /// The virtio-fs device's tag: the mount source.
+    pub tag: CString,
+    /// Absolute guest path, neither `/` nor with `..` components.
+    pub path: CString,
+    pub read_only: bool,
 }
 
 /// The command init should run.
@@ -82,14 +123,71 @@ pub fn agent_requested(cmdline: &str) -> bool {
     param(cmdline, AGENT_PARAM).as_deref() == Some("1")
 }
 
+/// The shares to mount, in command-line order (a later one may lie inside
+/// an earlier one).
+pub fn shares(cmdline: &str) -> Result<Vec<Share>, ParseError> {
+    params(cmdline, MOUNT_PARAM)
+        .into_iter()
+        .map(|value| decode_share(&value).map_err(|problem| ParseError::Mount { value, problem }))
+        .collect()
+}
+
+/// Decodes one `mvm.mount` value: `<tag>,<ro|rw>,<hex of the path>`.
+pub fn decode_share(value: &str) -> Result<Share, MountProblem> {
+    let fields: Vec<&str> = value.split(',').collect();
+    let [tag, mode, path] = fields[..] else {
+        return Err(MountProblem::Fields);
+    };
+    let tag_ok = (1..=MAX_TAG_LEN).contains(&tag.len())
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !tag_ok {
+        return Err(MountProblem::Tag);
+    }
+    let read_only = match mode {
+        "ro" => true,
+        "rw" => false,
+        _ => return Err(MountProblem::Mode),
+    };
+    let path = decode_hex(path).map_err(MountProblem::Hex)?;
+    if path.first() != Some(&b'/') {
+        return Err(MountProblem::NotAbsolute);
+    }
+    if path.contains(&0) {
+        return Err(MountProblem::Nul);
+    }
+    let components: Vec<&[u8]> = path
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .collect();
+    if components.iter().any(|c| *c == b"..") {
+        return Err(MountProblem::DotDot);
+    }
+    if components.is_empty() {
+        // `/`, and spellings of it such as `//` or `/.`.
+        return Err(MountProblem::Root);
+    }
+    Ok(Share {
+        tag: CString::new(tag).map_err(|_| MountProblem::Tag)?,
+        path: CString::new(path).map_err(|_| MountProblem::Nul)?,
+        read_only,
+    })
+}
+
 /// Value of `name=value` on the command line; the last one wins, as in the
 /// kernel. Tokens are split like the kernel does: on whitespace outside
 /// double quotes, with the quotes removed.
 pub fn param(cmdline: &str, name: &str) -> Option<String> {
+    params(cmdline, name).pop()
+}
+
+/// Every value of `name=value` on the command line, in order.
+pub fn params(cmdline: &str, name: &str) -> Vec<String> {
     tokens(cmdline)
         .into_iter()
-        .rev()
-        .find_map(|token| Some(token.strip_prefix(name)?.strip_prefix('=')?.to_owned()))
+        .filter_map(|token| Some(token.strip_prefix(name)?.strip_prefix('=')?.to_owned()))
+        .collect()
 }
 
 fn tokens(cmdline: &str) -> Vec<String> {
@@ -287,5 +385,175 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn share(tag: &str, path: &str, read_only: bool) -> Share {
+        Share {
+            tag: CString::new(tag).unwrap(),
+            path: CString::new(path).unwrap(),
+            read_only,
+        }
+    }
+
+    fn mount_value(tag: &str, mode: &str, path: &[u8]) -> String {
+        format!("{tag},{mode},{}", hex(path))
+    }
+
+    #[test]
+    fn share_good() {
+        assert_eq!(
+            decode_share(&mount_value("data", "rw", b"/mnt/data")),
+            Ok(share("data", "/mnt/data", false))
+        );
+        assert_eq!(
+            decode_share(&mount_value("A-z_09", "ro", b"/srv/my dir/")),
+            Ok(share("A-z_09", "/srv/my dir/", true))
+        );
+        // Upper-case hex, like `decode_hex`; a 36-byte tag.
+        let tag = "t".repeat(MAX_TAG_LEN);
+        assert_eq!(
+            decode_share(&format!("{tag},ro,2F78")),
+            Ok(share(&tag, "/x", true))
+        );
+        // `...` and `.` are ordinary components.
+        assert_eq!(
+            decode_share(&mount_value("t", "rw", b"/a/.../b/./c")),
+            Ok(share("t", "/a/.../b/./c", false))
+        );
+    }
+
+    #[test]
+    fn share_bad_fields() {
+        for value in ["", "t", "t,rw", "t,rw,2f78,", "t,rw,2f78,x", ",,,"] {
+            assert_eq!(decode_share(value), Err(MountProblem::Fields), "{value}");
+        }
+    }
+
+    #[test]
+    fn share_bad_tag() {
+        let long = "t".repeat(MAX_TAG_LEN + 1);
+        for tag in ["", long.as_str(), "a b", "a.b", "a/b", "tág", "a=b"] {
+            assert_eq!(
+                decode_share(&mount_value(tag, "rw", b"/x")),
+                Err(MountProblem::Tag),
+                "{tag}"
+            );
+        }
+    }
+
+    #[test]
+    fn share_bad_mode() {
+        for mode in ["", "RO", "r", "wr", "rw ", "readonly"] {
+            assert_eq!(
+                decode_share(&mount_value("t", mode, b"/x")),
+                Err(MountProblem::Mode),
+                "{mode}"
+            );
+        }
+    }
+
+    #[test]
+    fn share_bad_hex() {
+        assert_eq!(
+            decode_share("t,rw,2f7"),
+            Err(MountProblem::Hex(HexError::OddLength(3)))
+        );
+        assert_eq!(
+            decode_share("t,rw,2fxx"),
+            Err(MountProblem::Hex(HexError::BadDigit {
+                offset: 2,
+                digit: 'x'
+            }))
+        );
+        // Not hex at all: the path given in plain text.
+        assert!(matches!(
+            decode_share("t,rw,/mnt"),
+            Err(MountProblem::Hex(_))
+        ));
+    }
+
+    #[test]
+    fn share_bad_path() {
+        let cases: [(&[u8], MountProblem); 12] = [
+            (b"", MountProblem::NotAbsolute),
+            (b"mnt", MountProblem::NotAbsolute),
+            (b"./mnt", MountProblem::NotAbsolute),
+            (b"/mnt\0x", MountProblem::Nul),
+            (b"/\0", MountProblem::Nul),
+            (b"/..", MountProblem::DotDot),
+            (b"/mnt/../etc", MountProblem::DotDot),
+            (b"/mnt/..", MountProblem::DotDot),
+            (b"/mnt/../", MountProblem::DotDot),
+            (b"/", MountProblem::Root),
+            (b"//", MountProblem::Root),
+            (b"/./", MountProblem::Root),
+        ];
+        for (path, problem) in cases {
+            assert_eq!(
+                decode_share(&mount_value("t", "rw", path)),
+                Err(problem),
+                "{path:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shares_none() {
+        assert_eq!(shares("console=ttyS0 mvm.agent=1"), Ok(vec![]));
+        assert_eq!(shares(""), Ok(vec![]));
+        assert_eq!(
+            shares("mvm.mountx=t,rw,2f78 xmvm.mount=t,rw,2f78"),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn shares_repeated_in_order() {
+        let line = format!(
+            "console=ttyS0 mvm.mount={} mvm.agent=1 mvm.mount={} mvm.mount={} quiet",
+            mount_value("outer", "ro", b"/work"),
+            mount_value("inner", "rw", b"/work/out"),
+            mount_value("outer", "rw", b"/a"),
+        );
+        assert_eq!(
+            shares(&line),
+            Ok(vec![
+                share("outer", "/work", true),
+                share("inner", "/work/out", false),
+                share("outer", "/a", false),
+            ])
+        );
+        // The other params are unaffected.
+        assert!(agent_requested(&line));
+        assert_eq!(parse(&line).unwrap().workdir.as_bytes(), b"/");
+    }
+
+    #[test]
+    fn shares_one_bad_value_fails_all() {
+        let line = format!(
+            "mvm.mount={} mvm.mount=t,rx,2f78",
+            mount_value("t", "rw", b"/x")
+        );
+        let err = shares(&line).unwrap_err();
+        assert_eq!(
+            err,
+            ParseError::Mount {
+                value: "t,rx,2f78".into(),
+                problem: MountProblem::Mode
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "mvm.mount=t,rx,2f78: the mode must be ro or rw"
+        );
+    }
+
+    #[test]
+    fn params_all_in_order() {
+        assert_eq!(
+            params("a=1 b=2 a=3 a \"a=4 5\"", "a"),
+            vec!["1".to_owned(), "3".into(), "4 5".into()]
+        );
+        assert_eq!(params("b=2", "a"), Vec::<String>::new());
     }
 }

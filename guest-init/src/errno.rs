@@ -1,6 +1,7 @@
 //! Error numbers as the user should read them.
 
 use std::ffi::CStr;
+use std::io;
 
 /// The C library's message for `errno`, without Rust's "(os error N)".
 pub fn strerror(errno: i32) -> String {
@@ -16,6 +17,15 @@ pub fn strerror(errno: i32) -> String {
         .into_owned()
 }
 
+/// An I/O error as the user should read it: the C library's message when
+/// it carries an errno.
+pub fn message(err: &io::Error) -> String {
+    match err.raw_os_error() {
+        Some(errno) => strerror(errno),
+        None => err.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -24,5 +34,8 @@ mod tests {
     fn messages() {
         assert_eq!(strerror(libc::ENOENT), "No such file or directory");
         assert_eq!(strerror(libc::EACCES), "Permission denied");
+        let err = io::Error::from_raw_os_error(libc::EROFS);
+        assert_eq!(message(&err), "Read-only file system");
+        assert_eq!(message(&io::Error::other("odd")), "odd");
     }
 }

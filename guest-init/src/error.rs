@@ -6,6 +6,7 @@ use std::io;
 
 use crate::agent::AgentError;
 use crate::cmdline::ParseError;
+use crate::errno;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -21,6 +22,17 @@ pub enum Error {
     Mount {
         fstype: &'static CStr,
         target: &'static CStr,
+        source: io::Error,
+    },
+    /// The whole console line, documented in docs/protocol.md; init prints
+    /// it without the "error: " prefix.
+    #[error(
+        "cannot mount shared directory {tag} at {path}: {}",
+        errno::message(source)
+    )]
+    Share {
+        tag: String,
+        path: String,
         source: io::Error,
     },
     #[error("open /dev/console: {0}")]

@@ -6,7 +6,7 @@ use std::io;
 
 use crate::error::Error;
 use crate::vmm_port::Ports;
-use crate::{agent, cmdline, console, mounts, power, reap, say, shutdown, spawn, status};
+use crate::{agent, cmdline, console, mounts, power, reap, say, shares, shutdown, spawn, status};
 
 /// Runs the whole guest lifetime and ends it with a reboot.
 pub fn run() -> ! {
@@ -14,7 +14,11 @@ pub fn run() -> ! {
     let status = match boot_and_run(&mut ports) {
         Ok(status) => status,
         Err(err) => {
-            say!("error: {err}");
+            match err {
+                // A documented line of its own (docs/protocol.md).
+                Error::Share { .. } => say!("{err}"),
+                _ => say!("error: {err}"),
+            }
             status::INIT_FAILURE
         }
     };
@@ -35,14 +39,17 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     console?;
     dev?;
     mounts::mount_others()?;
+    // Before the shares, which may lie inside it: /root keeps its mode.
     mounts::ensure_dir(c"/root", 0o700)?;
+    let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
+    let line = String::from_utf8_lossy(&line);
+    // Before readiness, the agent and the command, which may use them.
+    shares::mount_all(&cmdline::shares(&line)?)?;
     say!("ready (kernel {})", kernel_release());
     if let Some(ports) = ports.as_ref() {
         ports.ready_marker();
     }
 
-    let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
-    let line = String::from_utf8_lossy(&line);
     if cmdline::agent_requested(&line) {
         // The VMM gave us a vsock device: the command comes over it.
         return Ok(agent::run()?);

@@ -1,4 +1,5 @@
-//! Guest PID 1 for mvm: mounts the basic filesystems, runs the command the
+//! Guest PID 1 for mvm: mounts the basic filesystems and the virtio-fs
+//! shares the VMM announces (`mvm.mount`), runs the command the
 //! VMM put on the kernel command line, or with `mvm.agent=1` serves the
 //! exec channel over vsock (`agent`), and reports the exit status back to
 //! the VMM over an I/O port before rebooting (which stops the VM).
@@ -21,6 +22,7 @@ pub mod init;
 pub mod mounts;
 pub mod power;
 pub mod reap;
+pub mod shares;
 pub mod shutdown;
 pub mod spawn;
 pub mod status;

@@ -5,10 +5,13 @@
 # powers off.
 #
 # The wrapper hands everything over through 9p shares:
-#   mvmbuild  -> /mvm   the repo's build/ dir (read-only): bin/mvm, share/mvm/
+#   mvmbuild  -> /mvm   the repo's build/ dir (read-only): bin/mvm, share/mvm/,
+#                       libexec/mvm/virtiofsd
 #   mvmio     -> /io    per-call dir: argv (NUL-separated), env (NUL-separated
-#                       NAME=VALUE), cwd, uid, gid, stdin; we write stdout,
-#                       stderr and, last, status
+#                       NAME=VALUE), cwd, uid, gid, stdin, signal and, if
+#                       given, setup and after (shell scripts); we write
+#                       stdout, stderr, leftovers, setup.out/setup.status,
+#                       after.out/after.status and, last, status
 #   workspace -> the caller's cwd, mounted at the same absolute path so the
 #                paths mvm is given mean the same thing here
 # /io/stdout and /io/stderr get only mvm's own output: everything this script
@@ -31,6 +34,26 @@ die() {
     reboot -f
     sleep 60 # reboot -f does not return; never fall off the end as PID 1
 }
+
+# Leave the initramfs first. Its root (rootfs) is the one mount with no
+# parent, and pivot_root(2) refuses to move away from it (EINVAL), which is
+# what virtiofsd's namespace sandbox does into the shared directory
+# ("Error entering sandbox: PivotRoot(... Invalid argument)"). So copy the
+# small initramfs into a tmpfs and switch_root there (busybox: frees the
+# initramfs, moves the tmpfs to /, chroots, execs); this script then runs
+# again as the same PID 1 with the argument "switched".
+if [ "${1:-}" != switched ]; then
+    mkdir -p /newroot && mount -t tmpfs -o mode=0755 tmpfs /newroot || die "mount a tmpfs for the root"
+    for d in /*; do
+        case $d in
+        /newroot | /dev) ;;
+        *) cp -a "$d" /newroot/ || die "copy $d to the tmpfs root" ;;
+        esac
+    done
+    mkdir -p /newroot/dev || die "mkdir /newroot/dev"
+    exec switch_root /newroot /init switched
+    die "switch_root to the tmpfs root failed"
+fi
 
 mount -t proc proc /proc || die "mount /proc"
 mount -t sysfs sysfs /sys || die "mount /sys"
@@ -88,11 +111,31 @@ export HOME=/run/home TMPDIR=/run/tmp
 if [ "$uid" != 0 ] || [ "$gid" != 0 ]; then
     chown "$uid:$gid" /dev/kvm || die "chown /dev/kvm"
     set -- nsenter -F -G "$gid" -S "$uid" -- /mvm/bin/mvm "$@"
+    as_caller() { nsenter -F -G "$gid" -S "$uid" -- "$@"; }
 else
     set -- /mvm/bin/mvm "$@"
+    as_caller() { "$@"; }
 fi
 
 cd "$cwd" || die "cd $cwd"
+
+# MVM_TESTHOST_SETUP: a script to run as the caller, in the cwd, before
+# mvm; if it fails, mvm does not run (the wrapper exits 125 with its output).
+if [ -f /io/setup ]; then
+    log "running the setup script"
+    as_caller sh -c "$(cat /io/setup)" </dev/null >/io/setup.out 2>&1
+    setup_status=$?
+    echo "$setup_status" >/io/setup.status
+    if [ "$setup_status" != 0 ]; then
+        log "the setup script failed with status $setup_status; not running mvm"
+        cd /
+        echo 125 >/io/status.tmp && mv /io/status.tmp /io/status || log "error: could not write /io/status"
+        sync
+        reboot -f
+        sleep 60
+    fi
+fi
+
 log "running mvm ($# words, uid $uid gid $gid) in $cwd"
 "$@" </io/stdin >/io/stdout 2>/io/stderr &
 mvm_pid=$!
@@ -107,13 +150,50 @@ status=$?
 log "mvm exited with status $status at $(cut -d' ' -f1 /proc/uptime) s uptime"
 
 # Whatever mvm left behind is a bug: session directories (with their
-# sockets) under the runtime base, or mvm processes.
+# sockets) under the runtime base, or live (not zombie: those are orphans
+# waiting for this PID 1 to reap them) mvm or virtiofsd processes. Checked
+# before the after script runs, so that cannot hide or add any.
+# mvm's helpers see the VMM's end of their socket close when it dies and
+# exit on their own; give them a moment (SIGKILL of mvm, for one) before
+# calling them left behind.
+helpers_alive() {
+    for p in /proc/[0-9]*; do
+        case $(cat "$p/comm" 2>/dev/null) in
+        mvm | virtiofsd)
+            state=$(cut -d')' -f2 "$p/stat" 2>/dev/null | cut -d' ' -f2)
+            [ -n "$state" ] && [ "$state" != Z ] && return 0
+            ;;
+        esac
+    done
+    return 1
+}
+i=0
+while helpers_alive && [ $i -lt 20 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
 {
     ls -d /run/tmp/mvm-*/* 2>/dev/null
     for p in /proc/[0-9]*; do
-        [ "$(cat "$p/comm" 2>/dev/null)" = mvm ] && echo "process ${p#/proc/}"
+        comm=$(cat "$p/comm" 2>/dev/null) || continue
+        case $comm in
+        mvm | virtiofsd) ;;
+        *) continue ;;
+        esac
+        # /proc/PID/stat: "PID (COMM) STATE ..."; comm has no ')' here.
+        state=$(cut -d')' -f2 "$p/stat" 2>/dev/null | cut -d' ' -f2)
+        [ -n "$state" ] && [ "$state" != Z ] && echo "$comm process ${p#/proc/}"
     done
 } >/io/leftovers
+
+# MVM_TESTHOST_AFTER: a script to run as the caller, in the cwd, after mvm,
+# with MVM_STATUS set; its output goes back to the wrapper.
+if [ -f /io/after ]; then
+    log "running the after script"
+    export MVM_STATUS="$status"
+    as_caller sh -c "$(cat /io/after)" </dev/null >/io/after.out 2>&1
+    echo $? >/io/after.status
+fi
 
 # status last, and atomically: its presence means stdout/stderr are complete.
 cd /

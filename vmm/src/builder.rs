@@ -74,7 +74,13 @@ pub fn build(config: &VmConfig, console: ConsoleOutput) -> Result<Vmm, Error> {
     let kvm = vm::open_kvm()?;
     let vm = vm::create_vm(&kvm)?;
 
-    let mem = memory::create(config.mem_size)?;
+    // A vhost-user backend maps guest memory itself, so it must be a file.
+    let backing = if config.shares.is_empty() {
+        memory::Backing::Private
+    } else {
+        memory::Backing::Shared
+    };
+    let mem = memory::create(config.mem_size, backing)?;
     vm::register_memory(&vm, &mem)?;
 
     let stop = StopSignal {
@@ -102,6 +108,11 @@ pub fn build(config: &VmConfig, console: ConsoleOutput) -> Result<Vmm, Error> {
     device_manager::attach_status_port(&mut env, report.clone())?;
     if let Some(vsock) = &config.vsock {
         device_manager::attach_vsock(&mut env, vsock.cid, &vsock.uds_path)?;
+    }
+    for share in &config.shares {
+        let stop = stop.clone();
+        let on_hangup = Box::new(move |why: String| stop.stop(vcpu::VcpuStop::Failed(why)));
+        device_manager::attach_fs(&mut env, share, on_hangup)?;
     }
 
     let kernel = kernel::load_kernel(&mem, &config.kernel)?;

@@ -1,7 +1,7 @@
 //! The `mvm` command line: parsing, running, and mapping every way a run
 //! can end to one line on stderr and a documented exit code.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
@@ -97,9 +97,30 @@ pub struct RunArgs {
     /// Set an environment variable for the command (repeatable)
     #[arg(short, long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
-    /// Working directory of the command in the guest
-    #[arg(short, long, value_name = "DIR", default_value = "/")]
-    pub workdir: String,
+    /// Working directory of the command in the guest [default: /workspace,
+    /// or / with --no-workspace]
+    #[arg(short, long, value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Host directory shared with the guest at /workspace, read-only unless
+    /// --write [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Let the command write to the workspace (files it creates belong to
+    /// you); without it every write fails with "Read-only file system"
+    #[arg(long, conflicts_with = "no_workspace")]
+    pub write: bool,
+    /// Share no workspace at all
+    #[arg(long, conflicts_with = "workspace")]
+    pub no_workspace: bool,
+    /// Also share host directory HOST at GUEST (an absolute guest path),
+    /// read-only unless ":rw" (repeatable)
+    #[arg(long = "mount", value_name = "HOST:GUEST[:ro|rw]")]
+    pub mounts: Vec<String>,
+    /// The virtio-fs backend [default: $MVM_VIRTIOFSD, else
+    /// ../libexec/mvm/virtiofsd next to the mvm binary, else virtiofsd in
+    /// PATH]
+    #[arg(long, value_name = "PATH")]
+    pub virtiofsd: Option<PathBuf>,
     /// Run the command as root in the guest (default: your own uid and gid)
     #[arg(long)]
     pub root: bool,
@@ -148,8 +169,13 @@ fn default_artifact(env: &str, name: &str) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(env) {
         return Some(PathBuf::from(p));
     }
+    beside_binary(Path::new("share/mvm").join(name))
+}
+
+/// `<dir of the mvm binary>/../<relative>`.
+pub(crate) fn beside_binary(relative: impl AsRef<Path>) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    Some(exe.parent()?.parent()?.join("share/mvm").join(name))
+    Some(exe.parent()?.parent()?.join(relative))
 }
 
 fn vm_config(args: &VmArgs, cmdline: String) -> Result<VmConfig, Failure> {
@@ -173,6 +199,7 @@ fn vm_config(args: &VmArgs, cmdline: String) -> Result<VmConfig, Failure> {
         vcpus,
         mem_size,
         vsock: None,
+        shares: Vec::new(),
     })
 }
 

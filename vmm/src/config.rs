@@ -30,6 +30,19 @@ pub struct VmConfig {
     /// A virtio-vsock device whose host side is a Unix socket; None for
     /// none.
     pub vsock: Option<VsockConfig>,
+    /// Host directories the guest mounts through virtio-fs, in mount order.
+    pub shares: Vec<FsShare>,
+}
+
+/// One virtio-fs device: its backend (virtiofsd, started by the caller)
+/// already listens on `socket`; guest-init mounts `tag` at `guest_path`
+/// (read-only in the guest too when `read_only`; the backend enforces it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsShare {
+    pub tag: String,
+    pub socket: PathBuf,
+    pub guest_path: String,
+    pub read_only: bool,
 }
 
 /// Firecracker-style "hybrid" vsock: the VMM listens on `uds_path`; a host

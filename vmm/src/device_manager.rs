@@ -4,7 +4,7 @@
 //! idea), so adding a device touches one place.
 
 use std::io;
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -14,7 +14,7 @@ use mvm_devices::bus::{self, Bus};
 use mvm_devices::legacy::{
     EventFdTrigger, GuestReport, Serial, StatusPort, I8042, STATUS_PORT_LEN,
 };
-use mvm_devices::virtio::{mmio, vsock, Interrupt, MmioTransport, NOTIFY_REG_OFFSET};
+use mvm_devices::virtio::{fs, mmio, vsock, Interrupt, MmioTransport, NOTIFY_REG_OFFSET};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -22,6 +22,7 @@ use crate::arch::x86_64::layout::{
     I8042_PORT, I8042_PORT_LEN, MVM_STATUS_PORT, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
     VIRTIO_IRQ_BASE, VIRTIO_IRQ_LAST, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE,
 };
+use crate::config::FsShare;
 use crate::console::ConsoleOutput;
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,10 @@ pub enum Error {
     VsockSocket(String, io::Error),
     #[error(transparent)]
     Vsock(#[from] vsock::Error),
+    #[error("cannot connect to the virtio-fs backend at {0}: {1}")]
+    FsSocket(String, io::Error),
+    #[error("shared directory {tag}: {source}")]
+    Fs { tag: String, source: fs::Error },
     #[error(transparent)]
     VirtioMmio(#[from] mmio::Error),
 }
@@ -147,25 +152,8 @@ fn wire_vsock(env: &mut DeviceEnv, cid: u64, listener: UnixListener) -> Result<(
     env.vm
         .register_irqfd(&irq, slot.irq)
         .map_err(|e| Error::Irqfd("vsock", io::Error::from_raw_os_error(e.errno())))?;
-    let mut queue_evts = Vec::with_capacity(vsock::defs::QUEUE_COUNT);
-    let mut notify_evts = Vec::with_capacity(vsock::defs::QUEUE_COUNT);
-    for queue in 0..vsock::defs::QUEUE_COUNT {
-        let evt = eventfd("a vsock queue notification")?;
-        // The guest's QueueNotify write then never leaves KVM: it signals
-        // the eventfd the device's handler waits on.
-        env.vm
-            .register_ioevent(
-                &evt,
-                &IoEventAddress::Mmio(slot.base + NOTIFY_REG_OFFSET),
-                queue as u32,
-            )
-            .map_err(|e| Error::Ioeventfd("vsock", io::Error::from_raw_os_error(e.errno())))?;
-        notify_evts.push(
-            evt.try_clone()
-                .map_err(|e| Error::EventFd("a vsock queue notification", e))?,
-        );
-        queue_evts.push(evt);
-    }
+    let (queue_evts, notify_evts) =
+        queue_ioeventfds(env, &slot, vsock::defs::QUEUE_COUNT, "vsock")?;
     let (device, handler) = vsock::new(cid, listener, queue_evts)?;
     let interrupt = Arc::new(Interrupt::new(irq));
     let transport = MmioTransport::new(device, env.mem.clone(), interrupt, notify_evts)?;
@@ -173,4 +161,79 @@ fn wire_vsock(env: &mut DeviceEnv, cid: u64, listener: UnixListener) -> Result<(
         .insert(Arc::new(Mutex::new(transport)), slot.base, VIRTIO_MMIO_SIZE)?;
     env.subscribers.push(Box::new(handler));
     Ok(())
+}
+
+/// A virtio-fs device on the next virtio-mmio slot, its backend listening
+/// on `share.socket`: the irqfd and one ioeventfd per queue, which the
+/// backend gets as its call and kick fds (guest requests and their
+/// completions never stop in the VMM), and the
+/// `mvm.mount=` entry that tells guest-init where to mount it
+/// (docs/protocol.md). `on_hangup` runs if the backend goes away.
+pub fn attach_fs(
+    env: &mut DeviceEnv,
+    share: &FsShare,
+    on_hangup: Box<dyn FnMut(String) + Send>,
+) -> Result<(), Error> {
+    let stream = UnixStream::connect(&share.socket)
+        .map_err(|e| Error::FsSocket(share.socket.display().to_string(), e))?;
+    let slot = env.next_virtio_slot()?;
+    let irq = eventfd("the virtio-fs interrupt")?;
+    env.vm
+        .register_irqfd(&irq, slot.irq)
+        .map_err(|e| Error::Irqfd("virtio-fs", io::Error::from_raw_os_error(e.errno())))?;
+    let (kick_evts, notify_evts) =
+        queue_ioeventfds(env, &slot, fs::defs::QUEUE_COUNT, "virtio-fs")?;
+    let interrupt = Arc::new(Interrupt::with_vring_always_set(irq));
+    let (device, handler) =
+        fs::new(&share.tag, stream, kick_evts, &interrupt, on_hangup).map_err(|source| {
+            Error::Fs {
+                tag: share.tag.clone(),
+                source,
+            }
+        })?;
+    let transport = MmioTransport::new(device, env.mem.clone(), interrupt, notify_evts)?;
+    env.mmio
+        .insert(Arc::new(Mutex::new(transport)), slot.base, VIRTIO_MMIO_SIZE)?;
+    env.subscribers.push(Box::new(handler));
+    env.cmdline_extra.push(format!(
+        "mvm.mount={},{},{}",
+        share.tag,
+        if share.read_only { "ro" } else { "rw" },
+        hex(share.guest_path.as_bytes())
+    ));
+    Ok(())
+}
+
+/// One eventfd per queue, registered with KVM on QueueNotify (datamatch:
+/// the queue index), twice over: the device's copy and the transport's.
+fn queue_ioeventfds(
+    env: &mut DeviceEnv,
+    slot: &VirtioSlot,
+    count: usize,
+    what: &'static str,
+) -> Result<(Vec<EventFd>, Vec<EventFd>), Error> {
+    let mut device_evts = Vec::with_capacity(count);
+    let mut transport_evts = Vec::with_capacity(count);
+    for queue in 0..count {
+        let evt = eventfd("a queue notification")?;
+        // The guest's QueueNotify write then never leaves KVM: it signals
+        // the eventfd the device (or its backend) waits on.
+        env.vm
+            .register_ioevent(
+                &evt,
+                &IoEventAddress::Mmio(slot.base + NOTIFY_REG_OFFSET),
+                queue as u32,
+            )
+            .map_err(|e| Error::Ioeventfd(what, io::Error::from_raw_os_error(e.errno())))?;
+        transport_evts.push(
+            evt.try_clone()
+                .map_err(|e| Error::EventFd("a queue notification", e))?,
+        );
+        device_evts.push(evt);
+    }
+    Ok((device_evts, transport_evts))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

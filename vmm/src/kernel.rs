@@ -67,6 +67,16 @@ fn open(what: &'static str, flag: &'static str, path: &Path) -> Result<File, Err
     })
 }
 
+/// Both files can be opened: checked before anything is started for a run,
+/// so a wrong path is the first (and only) error the user sees.
+pub fn check_readable(kernel: &Path, initrd: Option<&Path>) -> Result<(), Error> {
+    open("kernel image", "kernel", kernel)?;
+    if let Some(initrd) = initrd {
+        open("initramfs", "initrd", initrd)?;
+    }
+    Ok(())
+}
+
 pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, Error> {
     let mut file = open("kernel image", "kernel", path)?;
     let himem = Some(GuestAddress(HIMEM_START));

@@ -17,5 +17,7 @@ pub mod memory;
 mod run_command;
 pub mod runner;
 pub mod session;
+pub mod shares;
 pub mod vcpu;
+pub mod virtiofsd;
 pub mod vm;

@@ -1,6 +1,13 @@
-//! Guest RAM: anonymous host memory, split around the MMIO gap below 4 GiB.
+//! Guest RAM, split around the MMIO gap below 4 GiB: anonymous host memory,
+//! or, when a vhost-user backend (virtiofsd) must map it too, one memfd
+//! whose pages both processes share.
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::FromRawFd;
+
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 use crate::arch::x86_64::layout::{MMIO_GAP_END, MMIO_GAP_START};
 
@@ -8,6 +15,15 @@ use crate::arch::x86_64::layout::{MMIO_GAP_END, MMIO_GAP_START};
 pub enum Error {
     #[error("cannot allocate {0} MiB of guest memory: {1}")]
     Allocate(u64, vm_memory::mmap::FromRangesError),
+    #[error("cannot create {0} MiB of shareable guest memory (memfd): {1}")]
+    Memfd(u64, io::Error),
+}
+
+/// Anonymous memory, private to the VMM; or a memfd a backend can map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    Private,
+    Shared,
 }
 
 /// RAM below the gap, and whatever does not fit there above 4 GiB.
@@ -23,13 +39,44 @@ pub fn ranges(mem_size: u64) -> Vec<(GuestAddress, usize)> {
     r
 }
 
-pub fn create(mem_size: u64) -> Result<GuestMemoryMmap, Error> {
-    GuestMemoryMmap::from_ranges(&ranges(mem_size)).map_err(|e| Error::Allocate(mem_size >> 20, e))
+pub fn create(mem_size: u64, backing: Backing) -> Result<GuestMemoryMmap, Error> {
+    let mib = mem_size >> 20;
+    match backing {
+        Backing::Private => GuestMemoryMmap::from_ranges(&ranges(mem_size)),
+        Backing::Shared => {
+            let file = memfd(mem_size).map_err(|e| Error::Memfd(mib, e))?;
+            let mut offset = 0;
+            let mut regions = Vec::new();
+            for (addr, len) in ranges(mem_size) {
+                let handle = file.try_clone().map_err(|e| Error::Memfd(mib, e))?;
+                regions.push((addr, len, Some(FileOffset::new(handle, offset))));
+                offset += len as u64;
+            }
+            GuestMemoryMmap::from_ranges_with_files(regions)
+        }
+    }
+    .map_err(|e| Error::Allocate(mib, e))
+}
+
+/// A close-on-exec memfd of `size` bytes (sparse: pages are allocated as
+/// the guest touches them, as with anonymous memory).
+fn memfd(size: u64) -> io::Result<File> {
+    const NAME: &CStr = c"mvm-guest-ram";
+    // SAFETY: NAME is NUL-terminated; the flags are valid for memfd_create.
+    let fd = unsafe { libc::memfd_create(NAME.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create just returned this fd and nothing else owns it.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size)?;
+    Ok(file)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
 
     #[test]
     fn splits_around_the_gap() {
@@ -37,5 +84,22 @@ mod tests {
         let r = ranges(4 << 30);
         assert_eq!(r[0], (GuestAddress(0), 0xd000_0000));
         assert_eq!(r[1], (GuestAddress(1 << 32), (4 << 30) - 0xd000_0000));
+    }
+
+    #[test]
+    fn shared_memory_is_file_backed_at_consecutive_offsets() {
+        let mem = create(4 << 30, Backing::Shared).unwrap();
+        let offsets: Vec<u64> = mem
+            .iter()
+            .map(|r| r.file_offset().expect("file-backed").start())
+            .collect();
+        assert_eq!(offsets, [0, 0xd000_0000]);
+        mem.write_obj(0x5au8, GuestAddress(MMIO_GAP_END)).unwrap();
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(MMIO_GAP_END)).unwrap(),
+            0x5a
+        );
+        let private = create(64 << 20, Backing::Private).unwrap();
+        assert!(private.iter().all(|r| r.file_offset().is_none()));
     }
 }

@@ -56,11 +56,29 @@ fn a_failed_run_leaves_no_session_directory() {
     let runtime = std::env::temp_dir().join(format!("mvm-cli-rt-{}", std::process::id()));
     std::fs::create_dir_all(&runtime).unwrap();
     let rt = runtime.to_str().unwrap();
+    // A file that exists but is no kernel fails in the VM build, after the
+    // session directory was made (a missing one fails before).
+    let not_a_kernel = runtime.join("not-a-kernel");
+    std::fs::write(&not_a_kernel, b"not a kernel").unwrap();
     let out = mvm(
-        &["run", "--kernel", "/nonexistent/vmlinux", "--", "true"],
+        &[
+            "run",
+            "--no-workspace",
+            "--kernel",
+            not_a_kernel.to_str().unwrap(),
+            "--initrd",
+            not_a_kernel.to_str().unwrap(),
+            "--",
+            "true",
+        ],
         &[("XDG_RUNTIME_DIR", rt)],
     );
-    assert_ne!(out.status.code(), Some(0));
+    if out.status.code() == Some(KVM_UNAVAILABLE) {
+        eprintln!("SKIP session-directory check: KVM unavailable on this host");
+        std::fs::remove_dir_all(&runtime).unwrap();
+        return;
+    }
+    assert_eq!(out.status.code(), Some(SETUP_FAILED));
     let base = runtime.join("mvm");
     assert!(base.is_dir(), "the run created its session base");
     let left: Vec<_> = std::fs::read_dir(&base).unwrap().collect();
@@ -165,4 +183,69 @@ fn help_documents_exit_codes() {
     for code in ["121", "122", "123", "124", "125", "126", "127"] {
         assert!(help.contains(code), "exit code {code} missing from --help");
     }
+}
+
+#[test]
+fn shared_directories_are_checked_before_the_vm_starts() {
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    let base = dir.as_path().to_str().unwrap().to_string();
+    let file = format!("{base}/file");
+    std::fs::write(&file, b"x").unwrap();
+    let missing = format!("{base}/missing");
+    let cases: [(&[&str], &str); 6] = [
+        (&["--workspace", &missing], "does not exist"),
+        (&["--workspace", &file], "is not a directory"),
+        (&["--mount", &format!("{missing}:/data")], "does not exist"),
+        (&["--mount", &base], "is not HOST:GUEST"),
+        (
+            &["--mount", &format!("{base}:/etc")],
+            "guest system directory",
+        ),
+        (&["--mount", &format!("{base}:data")], "must be absolute"),
+    ];
+    for (flags, needle) in cases {
+        let mut args = vec!["run"];
+        args.extend_from_slice(flags);
+        args.extend(["--", "true"]);
+        // A missing /dev/kvm must not be what fails: these come first.
+        let out = mvm(&args, &[("MVM_KVM_DEVICE", "/nonexistent/kvm")]);
+        assert_one_line_error(&out, SETUP_FAILED, needle);
+    }
+}
+
+#[test]
+fn an_unreadable_workspace_is_refused() {
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    let locked = dir.as_path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+    // The check is the caller's access; root has it regardless of modes,
+    // so the test drops to nobody where it can.
+    let args = ["run", "--workspace", locked.to_str().unwrap(), "--", "true"];
+    let out = if current_uid() == 0 {
+        std::fs::set_permissions(
+            dir.as_path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let Ok(out) = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_mvm"))
+            .args(args)
+            .output()
+        else {
+            eprintln!("SKIP unreadable-workspace check: running as root and setpriv is missing");
+            return;
+        };
+        out
+    } else {
+        mvm(&args, &[])
+    };
+    if String::from_utf8_lossy(&out.stderr).contains("Permission denied (os error 13)")
+        && !String::from_utf8_lossy(&out.stderr).contains("shared directory")
+    {
+        eprintln!("SKIP unreadable-workspace check: nobody cannot execute the test binary here");
+        return;
+    }
+    assert_one_line_error(&out, SETUP_FAILED, "not readable by you");
 }

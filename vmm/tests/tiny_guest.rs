@@ -121,6 +121,7 @@ fn run_guest(code: &[u8], vcpus: u8, timeout: Option<Duration>) -> (Outcome, Str
         vcpus,
         mem_size: 64 << 20,
         vsock: None,
+        shares: Vec::new(),
     };
     let out = Captured::default();
     let started = Instant::now();

@@ -37,7 +37,7 @@ fn attach(devices: &[(u64, &Path)]) -> Option<Attached> {
     }
     let kvm = vm::open_kvm().unwrap();
     let vm = vm::create_vm(&kvm).unwrap();
-    let mem = memory::create(64 << 20).unwrap();
+    let mem = memory::create(64 << 20, memory::Backing::Private).unwrap();
     vm::register_memory(&vm, &mem).unwrap();
     let (mut pio, mut mmio) = (Bus::new(), Bus::new());
     let (mut cmdline, mut subscribers) = (Vec::new(), Vec::new());

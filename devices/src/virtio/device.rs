@@ -19,6 +19,8 @@ pub enum Error {
     BadQueue(usize),
     #[error("cannot wake the device's event handler: {0}")]
     Wake(String),
+    #[error("the device backend failed: {0}")]
+    Backend(String),
 }
 
 /// The device side of the InterruptStatus register plus the irqfd behind it.
@@ -27,6 +29,8 @@ pub enum Error {
 /// other's lock.
 pub struct Interrupt {
     status: AtomicU32,
+    /// Bits InterruptStatus always shows, acknowledged or not.
+    sticky: u32,
     irqfd: EventFd,
 }
 
@@ -34,7 +38,20 @@ impl Interrupt {
     pub fn new(irqfd: EventFd) -> Self {
         Self {
             status: AtomicU32::new(0),
+            sticky: 0,
             irqfd,
+        }
+    }
+
+    /// For a device whose backend signals the irqfd itself (vhost-user):
+    /// the VMM never sees those interrupts, so the driver must always find
+    /// the "used buffers" bit set. Linux's virtio-mmio driver then checks
+    /// every queue on each interrupt, which is what it needs; an interrupt
+    /// with nothing new is ignored.
+    pub fn with_vring_always_set(irqfd: EventFd) -> Self {
+        Self {
+            sticky: VIRTIO_MMIO_INT_VRING,
+            ..Self::new(irqfd)
         }
     }
 
@@ -55,7 +72,7 @@ impl Interrupt {
 
     /// InterruptStatus as the driver reads it.
     pub fn status(&self) -> u32 {
-        self.status.load(Ordering::SeqCst)
+        self.status.load(Ordering::SeqCst) | self.sticky
     }
 
     /// InterruptACK: clears exactly the bits the driver saw, so a bit raised
@@ -68,7 +85,8 @@ impl Interrupt {
         self.status.store(0, Ordering::SeqCst);
     }
 
-    /// The irqfd, for tests that check an interrupt was (or was not) sent.
+    /// The irqfd: for tests that check an interrupt was (or was not) sent,
+    /// and for backends that raise it themselves.
     pub fn irqfd(&self) -> &EventFd {
         &self.irqfd
     }
@@ -103,4 +121,24 @@ pub trait VirtioDevice: Send {
     /// state the driver knew about. After this returns the device no longer
     /// touches guest memory through the old queues.
     fn reset(&mut self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    #[test]
+    fn vring_always_set_survives_acks_config_does_not() {
+        let irq = Interrupt::with_vring_always_set(EventFd::new(EFD_NONBLOCK).unwrap());
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING);
+        irq.ack(VIRTIO_MMIO_INT_VRING);
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING);
+        irq.signal_config_change().unwrap();
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG);
+        irq.ack(VIRTIO_MMIO_INT_CONFIG | VIRTIO_MMIO_INT_VRING);
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING);
+        let plain = Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        assert_eq!(plain.status(), 0);
+    }
 }

@@ -8,6 +8,7 @@
 //! by each device's event-loop subscriber, never on a vCPU thread.
 
 pub mod device;
+pub mod fs;
 pub mod mmio;
 pub mod vsock;
 

@@ -1,0 +1,226 @@
+//! The virtio-fs device as its transport sees it (device ID 26): the
+//! backend's features, the tag in config space, and at activation the
+//! vhost-user setup that hands the queues to the backend.
+
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserVirtioFeatures};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_FS;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::defs::{CONFIG_SIZE, NUM_REQUEST_QUEUES, QUEUE_COUNT, QUEUE_SIZE, TAG_MAX_LEN};
+use super::Error as SetupError;
+use crate::virtio::device::{Activation, Error, VirtioDevice};
+
+/// The ring features the guest may use: the backend implements the rings,
+/// so these only need the backend's say-so; nothing else (no DAX window,
+/// no notification data) is offered.
+const PASSED_THROUGH: u64 =
+    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_INDIRECT_DESC) | (1 << VIRTIO_RING_F_EVENT_IDX);
+
+pub struct VhostUserFs {
+    config: [u8; CONFIG_SIZE],
+    frontend: Frontend,
+    /// Everything the backend offered, PROTOCOL_FEATURES included.
+    backend_features: u64,
+    /// PROTOCOL_FEATURES was negotiated: rings then start disabled and
+    /// need SET_VRING_ENABLE.
+    protocol: bool,
+    kick_evts: Vec<EventFd>,
+    /// The device's irqfd, every queue's call fd.
+    call_evt: EventFd,
+    /// The backend holds rings of the current activation.
+    running: bool,
+}
+
+fn backend(step: &'static str) -> impl FnOnce(vhost::Error) -> SetupError {
+    move |source| SetupError::Backend { step, source }
+}
+
+fn activation(step: &'static str) -> impl FnOnce(vhost::Error) -> Error {
+    move |e| Error::Backend(format!("{step}: {e}"))
+}
+
+impl VhostUserFs {
+    pub(super) fn connect(
+        tag: &str,
+        mut frontend: Frontend,
+        kick_evts: Vec<EventFd>,
+        call_evt: EventFd,
+    ) -> Result<Self, SetupError> {
+        frontend.set_owner().map_err(backend("SET_OWNER"))?;
+        let backend_features = frontend.get_features().map_err(backend("GET_FEATURES"))?;
+        if backend_features & (1 << VIRTIO_F_VERSION_1) == 0 {
+            return Err(SetupError::NotModern);
+        }
+        let protocol = backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
+        if protocol {
+            // Nothing optional is used (no backend channel, no config
+            // space from the backend: the tag is ours), so none is enabled.
+            frontend
+                .get_protocol_features()
+                .map_err(backend("GET_PROTOCOL_FEATURES"))?;
+            frontend
+                .set_protocol_features(VhostUserProtocolFeatures::empty())
+                .map_err(backend("SET_PROTOCOL_FEATURES"))?;
+        }
+        let mut config = [0u8; CONFIG_SIZE];
+        config[..tag.len()].copy_from_slice(tag.as_bytes());
+        config[TAG_MAX_LEN..].copy_from_slice(&NUM_REQUEST_QUEUES.to_le_bytes());
+        Ok(Self {
+            config,
+            frontend,
+            backend_features,
+            protocol,
+            kick_evts,
+            call_evt,
+            running: false,
+        })
+    }
+
+    fn start_backend(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        queues: &[Queue],
+        acked: u64,
+    ) -> Result<(), Error> {
+        let protocol_bit = if self.protocol {
+            VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        } else {
+            0
+        };
+        self.frontend
+            .set_features((acked & self.backend_features) | protocol_bit)
+            .map_err(activation("SET_FEATURES"))?;
+        let regions = mem
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| {
+                Error::Backend("guest memory is not shareable (not file-backed)".into())
+            })?;
+        self.frontend
+            .set_mem_table(&regions)
+            .map_err(activation("SET_MEM_TABLE"))?;
+        // The backend's view of the guest is the memory table; until the
+        // rings are handed over (and enabled) it touches none of it.
+        self.running = true;
+        for (index, queue) in queues.iter().enumerate() {
+            let hva = |gpa: u64| {
+                mem.get_host_address(GuestAddress(gpa))
+                    .map(|p| p as u64)
+                    .map_err(|_| Error::BadQueue(index))
+            };
+            let ring = VringConfigData {
+                queue_max_size: queue.max_size(),
+                queue_size: queue.size(),
+                flags: 0,
+                desc_table_addr: hva(queue.desc_table())?,
+                used_ring_addr: hva(queue.used_ring())?,
+                avail_ring_addr: hva(queue.avail_ring())?,
+                log_addr: None,
+            };
+            self.frontend
+                .set_vring_num(index, queue.size())
+                .map_err(activation("SET_VRING_NUM"))?;
+            self.frontend
+                .set_vring_addr(index, &ring)
+                .map_err(activation("SET_VRING_ADDR"))?;
+            self.frontend
+                .set_vring_base(index, 0)
+                .map_err(activation("SET_VRING_BASE"))?;
+            self.frontend
+                .set_vring_call(index, &self.call_evt)
+                .map_err(activation("SET_VRING_CALL"))?;
+            self.frontend
+                .set_vring_kick(index, &self.kick_evts[index])
+                .map_err(activation("SET_VRING_KICK"))?;
+            if self.protocol {
+                self.frontend
+                    .set_vring_enable(index, true)
+                    .map_err(activation("SET_VRING_ENABLE"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl VirtioDevice for VhostUserFs {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_FS
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE; QUEUE_COUNT]
+    }
+
+    fn features(&self) -> u64 {
+        self.backend_features & PASSED_THROUGH
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = start
+                .checked_add(i)
+                .and_then(|at| self.config.get(at))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
+    /// The config space is read-only.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    fn activate(&mut self, activation: Activation) -> Result<(), Error> {
+        let Activation {
+            mem,
+            queues,
+            interrupt: _,
+            acked_features,
+        } = activation;
+        if queues.len() != QUEUE_COUNT {
+            return Err(Error::QueueCount {
+                expected: QUEUE_COUNT,
+                got: queues.len(),
+            });
+        }
+        if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
+            return Err(Error::BadQueue(bad));
+        }
+        self.start_backend(&mem, &queues, acked_features)
+    }
+
+    /// Stops the backend's rings (GET_VRING_BASE stops a ring in
+    /// vhost-user) so it no longer touches the old queues.
+    fn reset(&mut self) {
+        if !self.running {
+            return;
+        }
+        self.running = false;
+        for index in 0..QUEUE_COUNT {
+            if self.protocol {
+                let _ = self.frontend.set_vring_enable(index, false);
+            }
+            let _ = self.frontend.get_vring_base(index);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_through_only_ring_features() {
+        assert_eq!(
+            PASSED_THROUGH & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
+            0
+        );
+        assert_ne!(PASSED_THROUGH & (1 << VIRTIO_F_VERSION_1), 0);
+    }
+}

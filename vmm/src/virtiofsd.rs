@@ -1,0 +1,207 @@
+//! virtiofsd, the virtio-fs backend, as a helper process: one per shared
+//! directory, started before the VM is built and gone when `mvm run` ends.
+//!
+//! The VMM binds the vhost-user socket itself and hands virtiofsd the
+//! listening fd (`--fd`), so the VMM can connect at once instead of waiting
+//! for a socket file to appear. virtiofsd runs with its own sandbox on
+//! (`--sandbox=namespace`: a new mount, pid and net namespace with the
+//! shared directory as its root, and as an unprivileged caller a user
+//! namespace too; seccomp in kill mode), refuses writes itself for a
+//! read-only share (`--readonly`), and creates every file as the caller:
+//! whatever uid the guest asks for is squashed to the caller's uid and gid.
+//!
+//! Lifetime: virtiofsd serves one connection and exits when the VMM's end
+//! closes. Beyond that it is in a process group of its own (a Ctrl-C at the
+//! terminal is mvm's to handle), gets SIGKILL if mvm dies
+//! (PR_SET_PDEATHSIG), and dropping a [`Virtiofsd`] kills the whole group,
+//! the sandboxed child included, and reaps it.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// The fd number the listening socket has in virtiofsd.
+const SOCKET_FD: RawFd = 3;
+/// Every uid and gid the guest can name (virtiofsd's count is a u32 range
+/// starting at 0, so the largest count is 2^32 - 1).
+const ALL_IDS: &str = "4294967295";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create the virtio-fs socket {0}: {1}")]
+    Socket(String, io::Error),
+    #[error("cannot create the virtiofsd log {0}: {1}")]
+    Log(String, io::Error),
+    #[error("cannot start virtiofsd ({0}): {1}")]
+    Spawn(String, io::Error),
+}
+
+/// What one virtiofsd serves and where it talks.
+pub struct Request<'a> {
+    pub binary: &'a Path,
+    pub shared_dir: &'a Path,
+    pub read_only: bool,
+    /// Created here; must not exist yet.
+    pub socket: &'a Path,
+    /// virtiofsd's stderr.
+    pub log: &'a Path,
+    /// Who owns what the guest creates.
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub struct Virtiofsd {
+    child: Child,
+    log: PathBuf,
+}
+
+/// The arguments virtiofsd gets, apart from the binary.
+pub fn arguments(req: &Request) -> Vec<String> {
+    let mut args = vec![
+        format!("--fd={SOCKET_FD}"),
+        format!("--shared-dir={}", req.shared_dir.display()),
+        "--sandbox=namespace".into(),
+        "--seccomp=kill".into(),
+        // Without CAP_MKNOD a guest (even one whose uids map to root) cannot
+        // make device nodes on the host; FIFOs and sockets need no
+        // capability and still work.
+        "--modcaps=-mknod".into(),
+        "--log-level=error".into(),
+        // Guest uids map to the caller, whatever they are; host owners are
+        // shown to the guest as they are, so the caller's files are the
+        // guest user's own (mvm runs the command as the caller's uid).
+        format!("--translate-uid=squash-guest:0:{}:{ALL_IDS}", req.uid),
+        format!("--translate-gid=squash-guest:0:{}:{ALL_IDS}", req.gid),
+    ];
+    if req.read_only {
+        args.push("--readonly".into());
+    }
+    args
+}
+
+pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
+    let listener = UnixListener::bind(req.socket)
+        .map_err(|e| Error::Socket(req.socket.display().to_string(), e))?;
+    let log = File::create(req.log).map_err(|e| Error::Log(req.log.display().to_string(), e))?;
+    let listen_fd = listener.as_raw_fd();
+    let mut command = Command::new(req.binary);
+    command
+        .args(arguments(req))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .env_clear();
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes async-signal-safe calls (dup2, fcntl, setpgid, prctl, getppid).
+    unsafe {
+        let parent = std::process::id() as libc::pid_t;
+        command.pre_exec(move || child_setup(listen_fd, parent));
+    }
+    let child = command
+        .spawn()
+        .map_err(|e| Error::Spawn(req.binary.display().to_string(), e))?;
+    // virtiofsd has its copy; ours would only keep the socket alive.
+    drop(listener);
+    Ok(Virtiofsd {
+        child,
+        log: req.log.to_owned(),
+    })
+}
+
+/// In the child, before exec: the socket on fd 3 (inheritable), a process
+/// group of its own, and death with the parent.
+fn child_setup(listen_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
+    let check = |ret: libc::c_int| {
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: plain syscalls on fds and ids this process owns.
+    unsafe {
+        if listen_fd == SOCKET_FD {
+            // dup2 onto itself keeps FD_CLOEXEC; clear it by hand.
+            check(libc::fcntl(SOCKET_FD, libc::F_SETFD, 0))?;
+        } else {
+            check(libc::dup2(listen_fd, SOCKET_FD))?;
+        }
+        check(libc::setpgid(0, 0))?;
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+        // The parent may have died before the prctl took effect.
+        if libc::getppid() != parent {
+            return Err(io::Error::other("mvm exited while starting virtiofsd"));
+        }
+    }
+    Ok(())
+}
+
+impl Virtiofsd {
+    /// If virtiofsd has exited: how (its last log line, or its status).
+    pub fn exit_report(&mut self) -> Option<String> {
+        let status = self.child.try_wait().ok().flatten()?;
+        let last = File::open(&self.log).ok().and_then(|f| {
+            BufReader::new(f)
+                .lines()
+                .map_while(Result::ok)
+                .filter(|l| !l.trim().is_empty())
+                .last()
+        });
+        Some(match last {
+            Some(line) => format!("virtiofsd exited ({status}): {}", line.trim()),
+            None => format!("virtiofsd exited ({status})"),
+        })
+    }
+}
+
+impl Drop for Virtiofsd {
+    fn drop(&mut self) {
+        // The group id is the child's pid (setpgid(0, 0) above); the
+        // sandboxed grandchild is in it too.
+        let pgid = self.child.id() as libc::pid_t;
+        // SAFETY: signals a process group this process created.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(read_only: bool) -> Vec<String> {
+        arguments(&Request {
+            binary: Path::new("virtiofsd"),
+            shared_dir: Path::new("/srv/project"),
+            read_only,
+            socket: Path::new("/run/fs.sock"),
+            log: Path::new("/run/fs.log"),
+            uid: 1000,
+            gid: 100,
+        })
+    }
+
+    #[test]
+    fn read_only_and_sandbox_are_always_asked_for() {
+        let ro = request(true);
+        assert!(ro.contains(&"--readonly".to_string()));
+        assert!(ro.contains(&"--sandbox=namespace".to_string()));
+        assert!(ro.contains(&"--seccomp=kill".to_string()));
+        assert!(ro.contains(&"--modcaps=-mknod".to_string()));
+        assert!(ro.contains(&"--shared-dir=/srv/project".to_string()));
+        assert!(!request(false).contains(&"--readonly".to_string()));
+    }
+
+    #[test]
+    fn guest_ids_are_squashed_to_the_caller() {
+        let args = request(false);
+        assert!(args.contains(&"--translate-uid=squash-guest:0:1000:4294967295".to_string()));
+        assert!(args.contains(&"--translate-gid=squash-guest:0:100:4294967295".to_string()));
+    }
+}
