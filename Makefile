@@ -28,7 +28,7 @@ INITRAMFS := $(SHARE)/initramfs.cpio
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e lint bench bench-fs clean
+.PHONY: all deps demo test unit e2e lint bench bench-fs bench-confine clean
 all: $(MVM) $(VIRTIOFSD) $(KERNEL) $(INITRAMFS) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
@@ -86,6 +86,10 @@ bench: all
 # Workspace (virtio-fs) throughput next to the host's (docs/benchmarks.md).
 bench-fs: all
 	python3 benches/workspace.py
+
+# Start-up cost of the VMM's confinement (docs/benchmarks.md).
+bench-confine: all
+	python3 benches/confinement.py
 
 # Second README command: everything.
 test: lint unit e2e

@@ -51,9 +51,10 @@ def host_type():
     return kind, model, hw
 
 
-def one_run():
+def one_run(flags=()):
+    """`mvm run --print-stats FLAGS -- true`: its --print-stats figures."""
     out = subprocess.run(
-        [WRAPPER, "run", "--print-stats", "--", "true"],
+        [WRAPPER, "run", "--print-stats", *flags, "--", "true"],
         cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
     )
     if out.returncode != 0:
@@ -64,6 +65,17 @@ def one_run():
         if m:
             stats[m.group(1)] = float(m.group(2))
     return stats
+
+
+def write_result(name, report, hw):
+    """benches/results/<date>-<kvm|tcg>-NAME.md, and the report printed."""
+    os.makedirs(os.path.join(ROOT, "benches", "results"), exist_ok=True)
+    path = os.path.join(ROOT, "benches", "results",
+                        f"{datetime.date.today().isoformat()}-{'kvm' if hw else 'tcg'}-{name}.md")
+    with open(path, "w") as f:
+        f.write(report)
+    print(report)
+    print(f"bench: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
 
 
 def summary(values):

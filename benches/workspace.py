@@ -20,10 +20,8 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WRAPPER = os.path.join(ROOT, "tests", "testhost", "mvm")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import host_type  # noqa: E402
+from bench import ROOT, WRAPPER, host_type, write_result  # noqa: E402
 
 DIR = "/run/tmp/mvm-bench-fs"
 MB = 200
@@ -125,13 +123,7 @@ def main():
         *rows,
         "",
     ])
-    print(report)
-    os.makedirs(os.path.join(ROOT, "benches", "results"), exist_ok=True)
-    tag = "kvm" if hw else "tcg"
-    path = os.path.join(ROOT, "benches", "results", f"{date}-{tag}-workspace.md")
-    with open(path, "w") as f:
-        f.write(report)
-    print(f"bench-fs: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
+    write_result("workspace", report, hw)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::builder;
 use crate::config::{self, VmConfig};
+use crate::confine;
 use crate::console::ConsoleOutput;
 use crate::exit_code;
 use crate::run_command;
@@ -83,6 +84,35 @@ pub struct VmArgs {
     /// it, and for `run` the teardown time (docs/benchmarks.md)
     #[arg(long)]
     pub print_stats: bool,
+    /// Run the VMM without its per-thread system call filters (for
+    /// debugging only; prints a warning)
+    #[arg(long)]
+    pub no_seccomp: bool,
+    /// Run the VMM without Landlock, keeping your view of the host
+    /// filesystem (for host kernels without Landlock; prints a warning)
+    #[arg(long)]
+    pub no_landlock: bool,
+}
+
+impl VmArgs {
+    fn confinement(&self) -> confine::Options {
+        confine::Options {
+            seccomp: !self.no_seccomp,
+            landlock: !self.no_landlock,
+        }
+    }
+}
+
+/// Confines this process once the VM is built (docs/security.md); what
+/// the user switched off is said on stderr.
+pub(crate) fn confine_vmm(
+    opts: confine::Options,
+    writable: Option<confine::landlock::Writable>,
+) -> Result<(), Failure> {
+    for warning in opts.warnings() {
+        eprintln!("{warning}");
+    }
+    confine::process(opts, writable).map_err(setup_failure)
 }
 
 #[derive(Args, Debug)]
@@ -231,6 +261,7 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
                     measure: vm.print_stats,
                 },
                 vm.print_stats,
+                vm.confinement(),
             )
         }
     }
@@ -243,6 +274,7 @@ fn boot(args: &VmArgs, started: Instant) -> Result<i32, Failure> {
     let timeout = timeout(args)?;
     let console = ConsoleOutput::new(Box::new(std::io::stdout()));
     let vmm = builder::build(&config, console)?;
+    confine_vmm(args.confinement(), None)?;
     let report = runner::run(
         vmm,
         RunOptions {
@@ -333,6 +365,11 @@ pub(crate) fn outcome_failure(outcome: Outcome, timeout: Option<f64>) -> Failure
 /// Parses the process arguments, runs, and returns the exit code.
 pub fn main() -> i32 {
     let started = Instant::now();
+    // Before anything is opened: what the VMM holds, it opened itself.
+    if let Err(e) = confine::close_inherited_fds() {
+        eprintln!("mvm: cannot close inherited file descriptors: {e}");
+        return exit_code::SETUP_FAILED;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -8,6 +8,7 @@ pub mod arch;
 pub mod builder;
 pub mod cli;
 pub mod config;
+pub mod confine;
 pub mod console;
 pub mod device_manager;
 pub mod event_loop;

@@ -32,6 +32,7 @@ pub(crate) fn run(
     argv: Vec<String>,
     opts: RunOptions,
     want_stats: bool,
+    confinement: crate::confine::Options,
 ) -> Result<i32, Failure> {
     let shares = plan_shares(args)?;
     let request = exec_request(args, argv, !args.no_workspace)?;
@@ -52,7 +53,7 @@ pub(crate) fn run(
         let binary = virtiofsd_binary
             .as_deref()
             .unwrap_or(Path::new("virtiofsd"));
-        let (backend, fs) = start_backend(&dir, binary, index, share)?;
+        let (backend, fs) = start_backend(&dir, binary, index, share, &request)?;
         backends.push(backend);
         config.shares.push(fs);
     }
@@ -77,6 +78,17 @@ pub(crate) fn run(
             return Err(failure);
         }
     };
+
+    // Everything is open and virtiofsd started: confine before any other
+    // thread exists (they inherit it).
+    let base_dir = dir.path().parent().unwrap_or(dir.path()).to_path_buf();
+    crate::cli::confine_vmm(
+        confinement,
+        Some(crate::confine::landlock::Writable {
+            session_dir: dir.path(),
+            base_dir: &base_dir,
+        }),
+    )?;
 
     let teardown = Teardown::new(vmm.stop.evt.clone());
     let target: session::Target = Arc::new(Mutex::new(None));
@@ -209,6 +221,7 @@ fn start_backend(
     binary: &Path,
     index: usize,
     share: &Share,
+    request: &ExecRequest,
 ) -> Result<(Virtiofsd, FsShare), Failure> {
     let socket = dir.path().join(format!("fs{index}.sock"));
     let backend = virtiofsd::spawn(&virtiofsd::Request {
@@ -219,6 +232,8 @@ fn start_backend(
         log: &dir.path().join(format!("fs{index}.log")),
         uid: session::dir::current_uid(),
         gid: session::dir::current_gid(),
+        guest_uid: request.uid,
+        guest_gid: request.gid,
     })
     .map_err(setup_failure)?;
     Ok((
@@ -251,11 +266,11 @@ fn exec_request(
             "--workdir '{workdir}' must be an absolute path in the guest"
         )));
     }
-    let (uid, gid) = if args.root {
-        (0, 0)
-    } else {
-        (session::dir::current_uid(), session::dir::current_gid())
-    };
+    let (uid, gid) = guest_identity(
+        args.root,
+        session::dir::current_uid(),
+        session::dir::current_gid(),
+    );
     let (rows, cols) = if args.tty { terminal::size() } else { (0, 0) };
     Ok(ExecRequest {
         argv,
@@ -270,6 +285,21 @@ fn exec_request(
     })
 }
 
+/// The uid and gid the command gets in the guest: root with --root;
+/// otherwise the caller's own, except that a root caller gets the
+/// unprivileged [`UNPRIVILEGED_GUEST_ID`] (root in the guest only when
+/// asked for).
+fn guest_identity(root: bool, uid: u32, gid: u32) -> (u32, u32) {
+    match (root, uid) {
+        (true, _) => (0, 0),
+        (false, 0) => (UNPRIVILEGED_GUEST_ID, UNPRIVILEGED_GUEST_ID),
+        (false, _) => (uid, gid),
+    }
+}
+
+/// The guest uid and gid a root caller's command runs as.
+pub const UNPRIVILEGED_GUEST_ID: u32 = 1000;
+
 fn print_console_tail(path: &Path) {
     let Ok(file) = File::open(path) else {
         return;
@@ -282,5 +312,18 @@ fn print_console_tail(path: &Path) {
     eprintln!("mvm: last lines of the guest console:");
     for line in tail {
         eprintln!("  | {line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_caller_is_unprivileged_in_the_guest_unless_root_is_asked() {
+        assert_eq!(guest_identity(false, 0, 0), (1000, 1000));
+        assert_eq!(guest_identity(true, 0, 0), (0, 0));
+        assert_eq!(guest_identity(false, 1234, 100), (1234, 100));
+        assert_eq!(guest_identity(true, 1234, 100), (0, 0));
     }
 }

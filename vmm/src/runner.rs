@@ -1,6 +1,7 @@
 //! Running a built VM to its end and deciding what that end was.
 
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use mvm_devices::legacy::BOOT_MARKER_INIT_STARTED;
@@ -8,6 +9,7 @@ use mvm_devices::legacy::BOOT_MARKER_INIT_STARTED;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::builder::Vmm;
+use crate::confine::{seccomp, ThreadKind};
 use crate::event_loop::{self, EventLoop, Wait};
 use crate::vcpu::{self, VcpuStop};
 
@@ -72,9 +74,19 @@ pub fn run(vmm: Vmm, opts: RunOptions) -> Result<RunReport, Error> {
     // vCPU threads are not joined: a vCPU can be blocked in KVM_RUN on a
     // halted guest, and the VM's memory and fds are released when the
     // process exits right after this returns.
+    let go = Arc::new(Barrier::new(vmm.vcpus.len() + 1));
     for vcpu in vmm.vcpus {
-        vcpu.start(vmm.pio.clone(), vmm.mmio.clone(), vmm.stop.clone())?;
+        vcpu.start(
+            vmm.pio.clone(),
+            vmm.mmio.clone(),
+            vmm.stop.clone(),
+            go.clone(),
+        )?;
     }
+    // This thread's filter (no thread creation in it) goes in once every
+    // vCPU thread exists; only then do the vCPUs enter the guest.
+    seccomp::install_or_exit(ThreadKind::Vmm);
+    go.wait();
     let wait = event_loop.run_until_stopped(deadline)?;
 
     if let Ok(mut serial) = vmm.serial.lock() {

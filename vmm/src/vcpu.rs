@@ -5,8 +5,11 @@
 //! stopping the VM) happens on the event loop thread.
 
 use std::io;
+use std::sync::Barrier;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
+
+use crate::confine::{seccomp, ThreadKind};
 
 use kvm_bindings::CpuId;
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
@@ -139,17 +142,28 @@ impl Vcpu {
     }
 
     /// Runs the guest on a new thread until it stops, then reports why.
+    ///
+    /// The thread installs its seccomp filter first, then waits at `go`
+    /// until the main thread has installed its own: no guest instruction
+    /// runs before every filter is in.
     pub fn start(
         self,
         pio: Arc<Bus>,
         mmio: Arc<Bus>,
         stop: StopSignal,
+        go: Arc<Barrier>,
     ) -> Result<JoinHandle<()>, Error> {
         let id = self.id;
         thread::Builder::new()
             .name(format!("mvm-vcpu{id}"))
             .spawn(move || {
-                let why = self.run(&pio, &mmio);
+                seccomp::block_forwarded_signals();
+                let confined = seccomp::install(ThreadKind::Vcpu);
+                go.wait();
+                let why = match confined {
+                    Ok(()) => self.run(&pio, &mmio),
+                    Err(e) => VcpuStop::Failed(e.to_string()),
+                };
                 stop.stop(why);
             })
             .map_err(|source| Error::Spawn { id, source })

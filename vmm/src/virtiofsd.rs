@@ -52,6 +52,10 @@ pub struct Request<'a> {
     /// Who owns what the guest creates.
     pub uid: u32,
     pub gid: u32,
+    /// Who the command is in the guest: the caller's files are shown as
+    /// this user's, so the command owns what the caller owns.
+    pub guest_uid: u32,
+    pub guest_gid: u32,
 }
 
 pub struct Virtiofsd {
@@ -71,12 +75,26 @@ pub fn arguments(req: &Request) -> Vec<String> {
         // capability and still work.
         "--modcaps=-mknod".into(),
         "--log-level=error".into(),
-        // Guest uids map to the caller, whatever they are; host owners are
-        // shown to the guest as they are, so the caller's files are the
-        // guest user's own (mvm runs the command as the caller's uid).
+        // Guest uids map to the caller, whatever they are, so everything
+        // the guest creates is the caller's.
         format!("--translate-uid=squash-guest:0:{}:{ALL_IDS}", req.uid),
         format!("--translate-gid=squash-guest:0:{}:{ALL_IDS}", req.gid),
     ];
+    // The other way, the caller's files are shown as the command's (other
+    // owners as they are), when the two differ (a root caller's command
+    // runs unprivileged).
+    if req.guest_uid != req.uid {
+        args.push(format!(
+            "--translate-uid=host:{}:{}:1",
+            req.uid, req.guest_uid
+        ));
+    }
+    if req.guest_gid != req.gid {
+        args.push(format!(
+            "--translate-gid=host:{}:{}:1",
+            req.gid, req.guest_gid
+        ));
+    }
     if req.read_only {
         args.push("--readonly".into());
     }
@@ -184,6 +202,8 @@ mod tests {
             log: Path::new("/run/fs.log"),
             uid: 1000,
             gid: 100,
+            guest_uid: 1000,
+            guest_gid: 100,
         })
     }
 
@@ -203,5 +223,19 @@ mod tests {
         let args = request(false);
         assert!(args.contains(&"--translate-uid=squash-guest:0:1000:4294967295".to_string()));
         assert!(args.contains(&"--translate-gid=squash-guest:0:100:4294967295".to_string()));
+        assert!(!args.iter().any(|a| a.contains("=host:")), "{args:?}");
+        let root_caller = arguments(&Request {
+            binary: Path::new("virtiofsd"),
+            shared_dir: Path::new("/srv/project"),
+            read_only: false,
+            socket: Path::new("/run/fs.sock"),
+            log: Path::new("/run/fs.log"),
+            uid: 0,
+            gid: 0,
+            guest_uid: 1000,
+            guest_gid: 1000,
+        });
+        assert!(root_caller.contains(&"--translate-uid=host:0:1000:1".to_string()));
+        assert!(root_caller.contains(&"--translate-gid=host:0:1000:1".to_string()));
     }
 }

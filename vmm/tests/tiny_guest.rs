@@ -12,76 +12,13 @@ use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{asm, elf_image, kvm_or_skip};
 use mvm::builder;
 use mvm::config::VmConfig;
 use mvm::console::ConsoleOutput;
 use mvm::runner::{self, Outcome, RunOptions};
-
-const LOAD_ADDR: u64 = 0x10_0000;
-
-/// A minimal ELF64 executable: one PT_LOAD segment holding `code`, loaded
-/// and entered at LOAD_ADDR.
-fn elf_image(code: &[u8]) -> Vec<u8> {
-    const EHDR: usize = 64;
-    const PHDR: usize = 56;
-    let offset = (EHDR + PHDR) as u64;
-    let mut f = Vec::new();
-    f.extend(b"\x7fELF");
-    f.extend([2, 1, 1, 0]); // 64-bit, little endian, version 1, SysV
-    f.extend([0u8; 8]);
-    f.extend(2u16.to_le_bytes()); // ET_EXEC
-    f.extend(0x3eu16.to_le_bytes()); // x86-64
-    f.extend(1u32.to_le_bytes());
-    f.extend(LOAD_ADDR.to_le_bytes()); // e_entry
-    f.extend((EHDR as u64).to_le_bytes()); // e_phoff
-    f.extend(0u64.to_le_bytes()); // e_shoff
-    f.extend(0u32.to_le_bytes()); // e_flags
-    f.extend((EHDR as u16).to_le_bytes());
-    f.extend((PHDR as u16).to_le_bytes());
-    f.extend(1u16.to_le_bytes()); // e_phnum
-    f.extend([0u8; 6]); // shentsize, shnum, shstrndx
-    assert_eq!(f.len(), EHDR);
-    f.extend(1u32.to_le_bytes()); // PT_LOAD
-    f.extend(5u32.to_le_bytes()); // R+X
-    f.extend(offset.to_le_bytes());
-    f.extend(LOAD_ADDR.to_le_bytes()); // p_vaddr
-    f.extend(LOAD_ADDR.to_le_bytes()); // p_paddr
-    f.extend((code.len() as u64).to_le_bytes());
-    f.extend((code.len() as u64).to_le_bytes());
-    f.extend(0x1000u64.to_le_bytes());
-    assert_eq!(f.len(), EHDR + PHDR);
-    f.extend(code);
-    f
-}
-
-/// x86-64 machine code, assembled by hand; each helper is one instruction.
-mod asm {
-    pub fn mov_dx(port: u16) -> Vec<u8> {
-        let mut v = vec![0x66, 0xba];
-        v.extend(port.to_le_bytes());
-        v
-    }
-    pub fn out_byte(port: u16, value: u8) -> Vec<u8> {
-        let mut v = mov_dx(port);
-        v.extend([0xb0, value, 0xee]); // mov al, imm8; out dx, al
-        v
-    }
-    pub fn out_dword(port: u16, value: u32) -> Vec<u8> {
-        let mut v = mov_dx(port);
-        v.push(0xb8); // mov eax, imm32
-        v.extend(value.to_le_bytes());
-        v.push(0xef); // out dx, eax
-        v
-    }
-    pub fn print(text: &[u8]) -> Vec<u8> {
-        text.iter().flat_map(|b| out_byte(0x3f8, *b)).collect()
-    }
-    pub const RESET: [u8; 7] = [0x66, 0xba, 0x64, 0x00, 0xb0, 0xfe, 0xee];
-    /// cli; hlt: parked for good, costing the host nothing.
-    pub const PARK: [u8; 2] = [0xfa, 0xf4];
-    /// ud2 with an empty IDT: #UD -> #GP -> #DF -> triple fault.
-    pub const TRIPLE_FAULT: [u8; 2] = [0x0f, 0x0b];
-}
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -93,21 +30,6 @@ impl Write for Captured {
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-/// None (and a note on stderr) when /dev/kvm cannot be used here.
-fn kvm_or_skip(test: &str) -> Option<()> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => Some(()),
-        Err(e) => {
-            eprintln!("SKIP {test}: /dev/kvm unusable ({e}); these tests need KVM");
-            None
-        }
     }
 }
 

@@ -92,6 +92,19 @@ impl Interrupt {
     }
 }
 
+/// A driver read of `data.len()` bytes at `offset` of a device's config
+/// space `config`; bytes past its end read as 0.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+    for (i, byte) in data.iter_mut().enumerate() {
+        *byte = start
+            .checked_add(i)
+            .and_then(|at| config.get(at))
+            .copied()
+            .unwrap_or(0);
+    }
+}
+
 /// What a device gets when the driver sets DRIVER_OK.
 pub struct Activation {
     pub mem: GuestMemoryMmap,

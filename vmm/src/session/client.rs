@@ -5,6 +5,7 @@
 //! this thread write slowly, which stops it reading the socket, which
 //! (through vsock credit) stops the guest: memory stays bounded end to end.
 
+use crate::confine::{seccomp, ThreadKind};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -130,6 +131,8 @@ pub fn pump_stdin(writer: Writer) {
     thread::Builder::new()
         .name("mvm-stdin".into())
         .spawn(move || {
+            // Started by the session thread, whose filter it inherits.
+            seccomp::inherited(ThreadKind::Session);
             let mut stdin = io::stdin().lock();
             let mut buf = vec![0u8; MAX_DATA];
             loop {

@@ -8,6 +8,7 @@ pub mod dir;
 pub mod signals;
 pub mod terminal;
 
+use crate::confine::{seccomp, ThreadKind};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -60,6 +61,7 @@ pub fn start(
     thread::Builder::new()
         .name("mvm-session".into())
         .spawn(move || {
+            seccomp::install_or_exit(ThreadKind::Session);
             let result = exec(&uds, request, forward_stdin, &vm, &target, &slot);
             if result.is_ok() {
                 stop_guest_if_lingering(&vm);

@@ -5,6 +5,7 @@
 //! terminal resize. Before the command has started there is nothing to
 //! forward to, so any of them ends the run at once.
 
+use crate::confine::{seccomp, ThreadKind};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -60,6 +61,7 @@ pub fn forward(teardown: Teardown, target: Target) -> std::io::Result<()> {
     thread::Builder::new()
         .name("mvm-signals".into())
         .spawn(move || {
+            seccomp::install_or_exit(ThreadKind::Signals);
             for sig in signals.forever() {
                 let writer = target.lock().ok().and_then(|t| t.clone());
                 let Some(writer) = writer else {
@@ -81,6 +83,7 @@ pub fn forward(teardown: Teardown, target: Target) -> std::io::Result<()> {
                 if sig == SIGTERM || sig == SIGHUP {
                     let teardown = teardown.clone();
                     thread::spawn(move || {
+                        seccomp::inherited(ThreadKind::Signals);
                         thread::sleep(TERMINATE_GRACE);
                         teardown.now(sig);
                     });

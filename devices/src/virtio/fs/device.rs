@@ -14,7 +14,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{CONFIG_SIZE, NUM_REQUEST_QUEUES, QUEUE_COUNT, QUEUE_SIZE, TAG_MAX_LEN};
 use super::Error as SetupError;
-use crate::virtio::device::{Activation, Error, VirtioDevice};
+use crate::virtio::device::{read_config_bytes, Activation, Error, VirtioDevice};
 
 /// The ring features the guest may use: the backend implements the rings,
 /// so these only need the backend's say-so; nothing else (no DAX window,
@@ -163,14 +163,7 @@ impl VirtioDevice for VhostUserFs {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = start
-                .checked_add(i)
-                .and_then(|at| self.config.get(at))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config_bytes(&self.config, offset, data);
     }
 
     /// The config space is read-only.

@@ -11,7 +11,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{QUEUE_COUNT, QUEUE_SIZE};
-use crate::virtio::device::{Activation, Error, Interrupt, VirtioDevice};
+use crate::virtio::device::{read_config_bytes, Activation, Error, Interrupt, VirtioDevice};
 
 /// The running device's queues, owned by whoever holds the lock: the vCPU
 /// thread installing or dropping them (activate, reset), or the event loop
@@ -74,14 +74,7 @@ impl VirtioDevice for Vsock {
     /// `struct virtio_vsock_config { le64 guest_cid; }`
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let config = self.cid.to_le_bytes();
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = start
-                .checked_add(i)
-                .and_then(|at| config.get(at))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config_bytes(&config, offset, data);
     }
 
     /// The config space is read-only.

@@ -1,0 +1,449 @@
+//! Per-thread seccomp filters, built with seccompiler from the allow-lists
+//! below and installed by each thread on itself before it does any work
+//! for the guest (vCPU threads before their first KVM_RUN).
+//!
+//! The two thread kinds that handle what the guest controls get the
+//! tightest lists: vCPU threads (MMIO and port I/O, device activation) and
+//! the main thread (the event loop with the vsock device's queues, then
+//! teardown). Neither may create threads or processes, map executable
+//! memory, or issue an ioctl other than the few named. The exec client
+//! threads and the signal thread see only the host side of the vsock
+//! socket and the user's terminal.
+//!
+//! A forbidden call traps (SIGSYS): a handler names the call and the
+//! thread kind on stderr, then makes the process die of SIGSYS (the
+//! handler is one-shot, so its own forbidden call takes the default
+//! action). docs/security.md explains every entry.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot build the {0} seccomp filter: {1}")]
+    Build(&'static str, String),
+    #[error("cannot install the {0} seccomp filter: {1} (a host kernel without seccomp filtering? --no-seccomp runs without it)")]
+    Install(&'static str, seccompiler::Error),
+}
+
+/// Which allow-list a thread gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// The main thread: event loop, device event handlers, teardown.
+    Vmm,
+    /// A vCPU thread: KVM_RUN and the device register files.
+    Vcpu,
+    /// The exec client and its stdin pump.
+    Session,
+    /// The signal thread and its grace timers.
+    Signals,
+}
+
+impl ThreadKind {
+    pub const ALL: [ThreadKind; 4] = [Self::Vmm, Self::Vcpu, Self::Session, Self::Signals];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vmm => "vmm",
+            Self::Vcpu => "vcpu",
+            Self::Session => "session",
+            Self::Signals => "signals",
+        }
+    }
+}
+
+/// Set by `confine::process` (on unless --no-seccomp). Off until then, so
+/// code that runs unconfined (unit tests, the library's users) never
+/// filters a thread it does not own.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::SeqCst);
+}
+
+thread_local! {
+    /// This thread's kind, for the SIGSYS report (0: none installed).
+    static KIND: Cell<u8> = const { Cell::new(0) };
+}
+
+/// Installs `kind`'s filter on the calling thread (unless --no-seccomp).
+/// The process must already have no_new_privs (`confine::process`).
+pub fn install(kind: ThreadKind) -> Result<(), Error> {
+    if !ENABLED.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let program = program(kind)?;
+    install_reporter();
+    KIND.with(|k| k.set(kind as u8 + 1));
+    seccompiler::apply_filter(&program).map_err(|e| Error::Install(kind.name(), e))?;
+    test_hook::forbidden_syscall(kind);
+    Ok(())
+}
+
+/// For a thread started by a thread of the same kind: seccomp filters are
+/// inherited on clone, so it already has its creator's; this only records
+/// the kind for the SIGSYS report. (Installing again would need
+/// `prctl` and `seccomp`, which the inherited filter does not allow.)
+pub fn inherited(kind: ThreadKind) {
+    if ENABLED.load(Ordering::SeqCst) {
+        KIND.with(|k| k.set(kind as u8 + 1));
+    }
+}
+
+/// As [`install`], for threads that cannot hand an error back: a thread
+/// that cannot be confined must not run, so the process ends (exit 123).
+pub fn install_or_exit(kind: ThreadKind) {
+    if let Err(e) = install(kind) {
+        eprintln!("mvm: {e}");
+        std::process::exit(crate::exit_code::VMM_FAILED);
+    }
+}
+
+/// The signals mvm forwards, which must reach only the signal thread (the
+/// handler signal-hook installs needs a call the others do not get).
+pub const FORWARDED: [libc::c_int; 5] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGWINCH,
+];
+
+/// Blocks [`FORWARDED`] in the calling thread.
+pub fn block_forwarded_signals() {
+    // SAFETY: a zeroed sigset filled by sigemptyset/sigaddset, then
+    // pthread_sigmask on the calling thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in FORWARDED {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// `kind`'s allow-list compiled to BPF.
+pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
+    let build = |e: seccompiler::BackendError| Error::Build(kind.name(), e.to_string());
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let starts_threads: &[i64] = match kind {
+        ThreadKind::Session | ThreadKind::Signals => THREAD_START,
+        ThreadKind::Vmm | ThreadKind::Vcpu => &[],
+    };
+    for &nr in COMMON.iter().chain(own_calls(kind)).chain(starts_threads) {
+        rules.insert(nr, Vec::new());
+    }
+    rules.insert(libc::SYS_mmap, vec![no_exec(2).map_err(build)?]);
+    rules.insert(libc::SYS_mprotect, vec![no_exec(2).map_err(build)?]);
+    let ioctls = match kind {
+        ThreadKind::Vmm => VMM_IOCTLS,
+        ThreadKind::Vcpu => VCPU_IOCTLS,
+        ThreadKind::Session | ThreadKind::Signals => TERMINAL_IOCTLS,
+    };
+    rules.insert(libc::SYS_ioctl, arg_is_one_of(1, ioctls).map_err(build)?);
+    if matches!(kind, ThreadKind::Session | ThreadKind::Signals) {
+        // Threads started from these name themselves (and their stacks).
+        let options = [libc::PR_SET_NAME as u64, PR_SET_VMA];
+        rules.insert(libc::SYS_prctl, arg_is_one_of(0, &options).map_err(build)?);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )
+    .map_err(build)?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| Error::Build(kind.name(), e.to_string()))
+}
+
+/// Argument `arg` equal to one of `values`: one rule each.
+fn arg_is_one_of(arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    values
+        .iter()
+        .map(|&v| {
+            SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
+                .and_then(|c| SeccompRule::new(vec![c]))
+        })
+        .collect()
+}
+
+/// Argument `arg` (a `prot`) without PROT_EXEC: no new executable memory.
+fn no_exec(arg: u8) -> Result<SeccompRule, seccompiler::BackendError> {
+    SeccompRule::new(vec![SeccompCondition::new(
+        arg,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
+        0,
+    )?])
+}
+
+/// Every thread: memory (malloc, thread stacks going away), locks, its
+/// own end, time, and what a signal handler needs to return.
+const COMMON: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_futex,
+    libc::SYS_brk,
+    libc::SYS_munmap,
+    libc::SYS_madvise,
+    libc::SYS_mremap,
+    libc::SYS_sigaltstack,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_sched_yield,
+    libc::SYS_clock_gettime,
+    libc::SYS_getrandom,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+];
+
+/// Starting a thread (and the new thread's first steps before it names
+/// itself): the session thread starts the stdin pump, the signal thread
+/// SIGTERM's grace timer. Never the vmm or vcpu threads.
+const THREAD_START: &[i64] = &[
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_gettid,
+    libc::SYS_sched_getaffinity,
+];
+
+fn own_calls(kind: ThreadKind) -> &'static [i64] {
+    match kind {
+        ThreadKind::Vmm => &[
+            // The event loop and the vsock device's sockets.
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            libc::SYS_accept4,
+            libc::SYS_recvfrom,
+            libc::SYS_sendto,
+            libc::SYS_shutdown,
+            libc::SYS_close,
+            libc::SYS_fcntl,
+            libc::SYS_getsockopt,
+            // Stats (--print-stats).
+            libc::SYS_getrusage,
+            libc::SYS_mincore,
+            // Teardown: the helpers' process groups, the session directory
+            // (Landlock limits which files), the console tail.
+            libc::SYS_kill,
+            libc::SYS_wait4,
+            libc::SYS_openat,
+            libc::SYS_newfstatat,
+            libc::SYS_fstat,
+            libc::SYS_statx,
+            libc::SYS_getdents64,
+            libc::SYS_unlinkat,
+            libc::SYS_lseek,
+            libc::SYS_getpid,
+            libc::SYS_clock_nanosleep,
+        ],
+        ThreadKind::Vcpu => &[
+            // Device activation talks vhost-user to virtiofsd (messages
+            // with fds), and a vCPU stopping writes the stop eventfd.
+            libc::SYS_sendmsg,
+            libc::SYS_recvmsg,
+            // A device dropping an fd it held (e.g. a console writer).
+            libc::SYS_close,
+        ],
+        ThreadKind::Session => &[
+            // Connecting to the agent through the vsock socket, retrying.
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_setsockopt,
+            libc::SYS_fcntl,
+            libc::SYS_recvfrom,
+            libc::SYS_sendto,
+            libc::SYS_shutdown,
+            libc::SYS_close,
+            libc::SYS_clock_nanosleep,
+            libc::SYS_poll,
+        ],
+        ThreadKind::Signals => &[
+            // signal-hook's handler and its self-pipe.
+            libc::SYS_sendto,
+            libc::SYS_recvfrom,
+            libc::SYS_poll,
+            libc::SYS_close,
+            libc::SYS_clock_nanosleep,
+        ],
+    }
+}
+
+/// `PR_SET_VMA` (naming anonymous memory, e.g. a new thread's stack).
+const PR_SET_VMA: u64 = 0x5356_4d41;
+
+/// KVM_RUN, as `_IO(KVMIO, 0x80)`.
+const KVM_RUN: u64 = 0xae80;
+const VCPU_IOCTLS: &[u64] = &[KVM_RUN];
+/// The terminal: its size, and raw mode off again (the main thread
+/// restores it at the end); FIONBIO is `set_nonblocking` on vsock clients.
+const TERMINAL_IOCTLS: &[u64] = &[libc::TIOCGWINSZ];
+const VMM_IOCTLS: &[u64] = &[
+    libc::FIONBIO,
+    libc::TIOCGWINSZ,
+    libc::TCGETS,
+    libc::TCSETS,
+    libc::TCSETSW,
+    libc::TCSETSF,
+];
+
+/// A call no list allows, used to die of SIGSYS.
+const NEVER_ALLOWED: i64 = libc::SYS_getppid;
+
+/// One SIGSYS handler for the process (installed once; SA_RESETHAND makes
+/// it one-shot).
+fn install_reporter() {
+    static INSTALLED: AtomicBool = AtomicBool::new(false);
+    if INSTALLED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    // SAFETY: sigaction with a zeroed struct, a valid extern "C" handler
+    // and flags; the handler only calls async-signal-safe functions.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = report_and_die as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut());
+    }
+}
+
+/// "mvm: seccomp: forbidden system call N in a KIND thread (a bug: please
+/// report it; --no-seccomp runs without the filters)", then SIGSYS.
+extern "C" fn report_and_die(
+    _sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _ctx: *mut libc::c_void,
+) {
+    // SIGSYS's siginfo: signo, errno, code (3 ints + padding), then the
+    // union: call address (8 bytes), syscall number (int), arch.
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let nr = unsafe { *(info as *const u8).add(24).cast::<i32>() };
+    let kind = KIND.with(|k| k.get());
+    let kind = ThreadKind::ALL
+        .get(usize::from(kind).wrapping_sub(1))
+        .map_or("unconfined", |k| k.name());
+    let mut buf = [0u8; 192];
+    let mut len = 0;
+    for part in [
+        b"mvm: seccomp: forbidden system call ".as_slice(),
+        digits(nr, &mut [0u8; 12]),
+        b" in a ",
+        kind.as_bytes(),
+        b" thread (a bug: please report it; --no-seccomp runs without the filters)\n",
+    ] {
+        let n = part.len().min(buf.len() - len);
+        buf[len..len + n].copy_from_slice(&part[..n]);
+        len += n;
+    }
+    // SAFETY: write(2) and a raw system call are async-signal-safe; the
+    // disposition is back to default (SA_RESETHAND), so the trapped call
+    // below kills the process with SIGSYS.
+    unsafe {
+        libc::write(2, buf.as_ptr().cast(), len);
+        libc::syscall(NEVER_ALLOWED);
+        libc::_exit(128 + libc::SIGSYS);
+    }
+}
+
+fn digits(n: i32, out: &mut [u8; 12]) -> &[u8] {
+    let mut v = n.unsigned_abs();
+    let mut i = out.len();
+    loop {
+        i -= 1;
+        out[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        i -= 1;
+        out[i] = b'-';
+    }
+    &out[i..]
+}
+
+/// Debug builds only: `MVM_TEST_FORBIDDEN_SYSCALL=<kind>` makes that
+/// thread kind try a forbidden call right after its filter is in, so a
+/// test can see the process die of SIGSYS.
+#[cfg(debug_assertions)]
+pub(crate) mod test_hook {
+    use super::{ThreadKind, NEVER_ALLOWED};
+    use std::sync::OnceLock;
+
+    static WANTED: OnceLock<Option<String>> = OnceLock::new();
+
+    /// Read before the environment is cleared.
+    pub fn read_env() {
+        WANTED.get_or_init(|| std::env::var("MVM_TEST_FORBIDDEN_SYSCALL").ok());
+    }
+
+    pub fn forbidden_syscall(kind: ThreadKind) {
+        if WANTED.get().and_then(|w| w.as_deref()) == Some(kind.name()) {
+            // SAFETY: a system call without arguments or side effects.
+            unsafe { libc::syscall(NEVER_ALLOWED) };
+        }
+    }
+}
+
+#[cfg(not(debug_assertions))]
+pub(crate) mod test_hook {
+    use super::ThreadKind;
+    pub fn read_env() {}
+    pub fn forbidden_syscall(_kind: ThreadKind) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_filter_builds() {
+        for kind in ThreadKind::ALL {
+            let program = program(kind).unwrap();
+            assert!(!program.is_empty(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn the_death_call_is_in_no_list() {
+        for kind in ThreadKind::ALL {
+            assert!(!COMMON.contains(&NEVER_ALLOWED));
+            assert!(!own_calls(kind).contains(&NEVER_ALLOWED), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn only_side_threads_may_create_threads() {
+        for kind in [ThreadKind::Vmm, ThreadKind::Vcpu] {
+            for call in [
+                libc::SYS_clone,
+                libc::SYS_clone3,
+                libc::SYS_execve,
+                libc::SYS_fork,
+            ] {
+                assert!(!own_calls(kind).contains(&call), "{kind:?} {call}");
+            }
+        }
+    }
+
+    #[test]
+    fn digits_are_written_without_allocating() {
+        assert_eq!(digits(0, &mut [0; 12]), b"0");
+        assert_eq!(digits(231, &mut [0; 12]), b"231");
+        assert_eq!(digits(-38, &mut [0; 12]), b"-38");
+    }
+}
