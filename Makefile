@@ -79,8 +79,13 @@ unit:
 e2e: all
 	cargo test --locked -p mvm-e2e -- --ignored --test-threads=1
 
-# Boot and overhead figures (docs/benchmarks.md); not part of `make test`.
+# Boot and overhead figures next to QEMU -M microvm and bubblewrap
+# (docs/benchmarks.md); not part of `make test`. The peers are bundled
+# with their libraries into build/peers on every run (a copy, and a
+# cached kernel build the first time), so an upgraded or newly installed
+# peer is picked up.
 bench: all
+	scripts/bundle-peers.sh build/peers
 	python3 benches/bench.py
 
 # Workspace (virtio-fs) throughput next to the host's (docs/benchmarks.md).

@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
-"""mvm's boot and overhead benchmark (`make bench`).
+"""mvm's boot and overhead benchmark, side by side with QEMU -M microvm and
+bubblewrap (`make bench`; docs/benchmarks.md).
 
-Runs `mvm run --print-stats -- true` N times after a warm-up, through
-tests/testhost/mvm (directly on hardware KVM, else inside the QEMU TCG test
-host), and reports each metric as median, p90, min and max:
+Everything runs where mvm runs: directly on a hardware-KVM host, else inside
+ONE call of the QEMU TCG test host (tests/testhost/mvm), from its
+MVM_TESTHOST_SETUP script. That script copies mvm, the guest kernel and
+initramfs and the peers bundled by scripts/bundle-peers.sh (build/peers:
+QEMU and bwrap with their libraries and loader, the timer
+benches/exectime.rs, the guest kernel as a bzImage for QEMU) onto the test
+host's tmpfs and runs, after one warm-up each, N interleaved rounds of:
 
-  boot to init    mvm start -> guest-init's boot marker (port 0x440,
-                  timestamped by the VMM; docs/benchmarks.md)
-  command         mvm start -> exit, as mvm measures its own wall time
-  vmm overhead    peak RSS of mvm minus the guest RAM resident in it
-  teardown        the command's exit status arriving -> mvm about to exit
+  mvm      `mvm run --print-stats --console -- true`
+  QEMU     -M microvm -accel kvm, same guest kernel (as a bzImage) and
+           initramfs, guest-init running `true` from mvm.cmd; once for
+           times, once stopped at the command's exit for its memory
+  bwrap    read-only root, no network, new namespaces, `true`
+  each     `--version` (start-up of the binary alone)
 
-Peers (QEMU -M microvm, bubblewrap) are listed with the reason they were
-skipped; no figure is ever made up. Writes benches/results/<date>-<host>.md
-and .svg, and prints the table. Standard library only.
+Metrics (median, p90, min, max): boot to init, command end to end,
+teardown, VMM memory overhead, peak RSS, binary start. A figure that cannot
+be measured for a peer is "n/a" with the reason; no figure is made up.
+Writes benches/results/<date>-<kvm|tcg>-<host>.md and .svg and prints the
+report. Standard library only.
 """
 
 import argparse
@@ -21,24 +29,147 @@ import datetime
 import os
 import platform
 import re
-import shutil
+import shlex
 import statistics
 import subprocess
 import sys
+from xml.sax.saxutils import escape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join(ROOT, "tests", "testhost", "mvm")
-
-METRICS = [
-    # (name, unit, how to get it from the --print-stats lines)
-    ("boot to init", "ms", lambda s: s.get("boot to init")),
-    ("command (mvm run -- true)", "ms", lambda s: s["wall"] * 1000 if "wall" in s else None),
-    ("vmm overhead (RSS - guest)", "KiB",
-     lambda s: s["peak rss"] - s["guest resident"] if "peak rss" in s and "guest resident" in s else None),
-    ("teardown", "ms", lambda s: s.get("teardown")),
-]
+BUILD = os.path.join(ROOT, "build")
+PEERS = os.path.join(BUILD, "peers")
 
 STAT_LINE = re.compile(r"^mvm: ([a-z ]+): ([0-9.]+)")
+SETUP_PREFIX = "mvm (test host): setup: "
+
+GUEST_MIB = 512  # mvm's default --memory; QEMU gets the same
+# mvm's own guest command line for `mvm run` is "panic=-1 oops=panic
+# nomodules quiet mvm.agent=1" plus what its devices add (console=ttyS0
+# 8250.nr_uarts=1 reboot=k virtio_mmio.device=...). QEMU's microvm has no
+# i8042, so the guest resets by triple fault (reboot=t), and the command
+# comes from mvm.cmd (hex of "true") since QEMU has no exec agent.
+QEMU_APPEND = ("panic=-1 oops=panic nomodules quiet console=ttyS0 8250.nr_uarts=1 reboot=t "
+               "mvm.cmd=" + b"true".hex())
+# As close to a hardened `docker run --read-only --network none --cap-drop
+# ALL --security-opt no-new-privileges` as bubblewrap goes (it always sets
+# no_new_privs; it has no seccomp profile or cgroup limits of its own).
+BWRAP_BASE = ("--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp "
+              "--die-with-parent --new-session --cap-drop ALL")
+BWRAP_NS_ALL = "--unshare-all"
+BWRAP_NS_NO_IPC = "--unshare-user-try --unshare-pid --unshare-net --unshare-uts --unshare-cgroup-try"
+
+MONITORS = [("mvm", "mvm"), ("qemu", "QEMU -M microvm"), ("bwrap", "bubblewrap")]
+PEERS_OF_MVM = ["qemu", "bwrap"]
+
+# (key, label, unit)
+METRICS = [
+    ("boot", "boot to init", "ms"),
+    ("command", "command: `true`, end to end", "ms"),
+    ("teardown", "teardown: command exit to process gone", "ms"),
+    ("overhead", "VMM memory overhead: peak RSS - guest RAM resident", "KiB"),
+    ("guest", "guest RAM resident at the end", "KiB"),
+    ("rss", "peak RSS, guest RAM included", "KiB"),
+    ("start", "binary start: `--version`, exec to exit", "ms"),
+]
+
+# What cannot be measured, and why (the same on every host).
+NOT_APPLICABLE = {
+    ("bwrap", "boot"): "no guest kernel or init to boot",
+    ("bwrap", "teardown"): "no guest, so the command's exit is not visible apart from bwrap's own",
+    ("bwrap", "overhead"): "no guest RAM to subtract (its whole footprint is the peak RSS row)",
+    ("bwrap", "guest"): "no guest",
+}
+
+SETUP = r"""
+set -u
+B={build}
+N={runs}
+QEMU={qemu}
+BWRAP={bwrap}
+W=$(mktemp -d "${{TMPDIR:-/tmp}}/mvm-bench.XXXXXX") || exit 1
+trap 'cd /; rm -rf "$W"' EXIT
+# Everything on the local (tmpfs) file system: the test host sees build/
+# through 9p, whose every read is a round trip to the outer host.
+mkdir -p "$W/bin" "$W/share/mvm" "$W/libexec/mvm" "$W/ws" &&
+    cp "$B/bin/mvm" "$W/bin/" &&
+    cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$W/share/mvm/" &&
+    cp "$B/libexec/mvm/virtiofsd" "$W/libexec/mvm/" &&
+    cp -R "$B/peers" "$W/peers" || exit 1
+P=$W/peers
+X=$P/bin/exectime
+echo "info cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "info kernel $(uname -r)"
+echo "info mvm-version $("$W/bin/mvm" --version)"
+# mvm's workspace (the current directory, shared by default): an empty one.
+cd "$W/ws" || exit 1
+
+# --console: the guest console on mvm's stderr, line by line to exectime,
+# as QEMU's serial console is (the teardown starts at a console line).
+mvm_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true; }}
+qemu() {{ "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/qemu-system-x86_64" "$@"; }}
+# fd 3: the boot marker (isa-debugcon on guest-init's port 0x440);
+# fd 5: the serial console, line by line.
+qemu_run() {{
+    l=$1
+    shift
+    "$X" --label "$l" --marker 3 --lines 5 "$@" --timeout 60 -- \
+        "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/qemu-system-x86_64" \
+        -M microvm,x-option-roms=off -accel kvm -cpu host -m {mib}M -smp 1 \
+        -nodefaults -no-user-config -nographic -no-reboot \
+        -L "$P/share/qemu" -kernel "$P/guest/bzImage" -initrd "$W/share/mvm/initramfs.cpio" \
+        -serial file:/proc/self/fd/5 \
+        -chardev file,id=boot,path=/proc/self/fd/3 -device isa-debugcon,iobase=0x440,chardev=boot \
+        -append {append}
+}}
+bwrap_run() {{
+    "$X" --label "$1" --timeout 60 -- \
+        "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/bwrap" $BWFLAGS true
+}}
+version() {{
+    case $2 in
+    mvm) "$X" --label "$1" --timeout 30 -- "$W/bin/mvm" --version ;;
+    *) "$X" --label "$1" --timeout 30 -- "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/$2" --version ;;
+    esac
+}}
+
+# Warm-up, one of each; a peer whose warm-up fails is skipped (its output
+# above says why) rather than failing N more times.
+mvm_run mvm.run.warm || {{ echo "fail mvm"; exit 1; }}
+version mvm.ver.warm mvm >/dev/null
+if [ "$QEMU" = 1 ]; then
+    echo "info qemu-version $(qemu --version | head -n 1)"
+    qemu_run qemu.run.warm || {{ QEMU=0; echo "skip qemu"; }}
+    version qemu.ver.warm qemu-system-x86_64 >/dev/null
+fi
+if [ "$BWRAP" = 1 ]; then
+    echo "info bwrap-version $("$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/bwrap" --version)"
+    BWFLAGS="{bw_all} {bw_base}"
+    if ! bwrap_run bwrap.run.warm; then
+        # Kernels without IPC namespaces (the test host's has no SysV IPC
+        # at all) refuse --unshare-all.
+        BWFLAGS="{bw_no_ipc} {bw_base}"
+        bwrap_run bwrap.run.warm2 || {{ BWRAP=0; echo "skip bwrap"; }}
+    fi
+    echo "info bwrap-flags $BWFLAGS"
+    version bwrap.ver.warm bwrap >/dev/null
+fi
+
+i=1
+while [ $i -le $N ]; do
+    mvm_run mvm.run.$i
+    [ "$QEMU" = 0 ] || qemu_run qemu.run.$i
+    [ "$BWRAP" = 0 ] || bwrap_run bwrap.run.$i
+    # Stopped at the command's exit line to read its guest RAM's Rss.
+    [ "$QEMU" = 0 ] || qemu_run qemu.mem.$i --snapshot-at "mvm-init: exit status" --guest-kib {kib}
+    version mvm.ver.$i mvm
+    [ "$QEMU" = 0 ] || version qemu.ver.$i qemu-system-x86_64
+    [ "$BWRAP" = 0 ] || version bwrap.ver.$i bwrap
+    echo "round $i $(cut -d' ' -f1 /proc/uptime)"
+    i=$((i + 1))
+done
+exit 0
+"""
 
 
 def host_type():
@@ -52,7 +183,8 @@ def host_type():
 
 
 def one_run(flags=()):
-    """`mvm run --print-stats FLAGS -- true`: its --print-stats figures."""
+    """`mvm run --print-stats FLAGS -- true`, one test host per call: its
+    --print-stats figures (used by benches/confinement.py)."""
     out = subprocess.run(
         [WRAPPER, "run", "--print-stats", *flags, "--", "true"],
         cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
@@ -84,86 +216,364 @@ def summary(values):
     return statistics.median(v), p90, v[0], v[-1]
 
 
-def peers(hw):
-    """Each peer with the reason it was skipped."""
-    inside = "not runnable inside the TCG test host: its initramfs carries only busybox and mvm"
-    reasons = []
-    for name, binary in [("QEMU -M microvm", "qemu-system-x86_64"), ("bubblewrap", "bwrap")]:
-        if not hw:
-            reasons.append((name, inside))
-        elif shutil.which(binary) is None:
-            reasons.append((name, f"{binary} is not installed"))
+def read_lines(path):
+    try:
+        with open(path) as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+class Run:
+    """One exectime run: its marks, lines, snapshot and exit."""
+
+    def __init__(self):
+        self.marks = []   # (fd, ms, byte)
+        self.lines = []   # (fd, ms, text)
+        self.snap = None  # (ms, {key: int}) or (ms, "why not")
+        self.exit = None  # (ms, status, maxrss KiB)
+
+    def first_mark(self, fd, value):
+        return next((at for f, at, b in self.marks if f == fd and b == value), None)
+
+    def first_line(self, fd, prefix):
+        return next(((at, t) for f, at, t in self.lines if f == fd and t.startswith(prefix)), None)
+
+    def why_failed(self):
+        """The run's own words when it failed, else None: its first and
+        last stderr lines, less mvm's figures and the guest console."""
+        if self.exit and self.exit[1] == 0:
+            return None
+        said = [t for f, _, t in self.lines if f == 2 and t and not STAT_LINE.match(t)
+                and not t.startswith(("mvm: boot to init:", "mvm-init:"))]
+        if not self.exit:
+            status = "no exit line"
+        elif self.exit[1] == 137:
+            status = "status 137 (SIGKILL: the run's timeout, or out of memory)"
         else:
-            reasons.append((name, "not implemented in this harness yet"))
-    return reasons
+            status = f"status {self.exit[1]}"
+        if not said:
+            return status
+        return f"{status}: {said[0]}" + (f" ... {said[-1]}" if len(said) > 1 else "")
 
 
-def svg(samples, path):
-    """One strip per metric: every run as a dot, the median as a bar."""
-    width, row, left = 720, 60, 230
-    rows = [(name, unit, vals) for (name, unit, _), vals in zip(METRICS, samples) if vals]
-    height = row * len(rows) + 20
+def parse_setup(lines):
+    """exectime lines by label, plus the script's own info/skip lines."""
+    runs, info, other = {}, {}, []
+    for line in lines:
+        words = line.split(" ", 3)
+        if words[0] == "info" and len(words) >= 2:
+            info[words[1]] = line.split(" ", 2)[2] if len(words) > 2 else ""
+            continue
+        m = re.match(r"^(\S+) (mark|line|snap|exit) (.*)$", line)
+        if not m or m.group(1).count(".") != 2:
+            other.append(line)
+            continue
+        run = runs.setdefault(m.group(1), Run())
+        kind, rest = m.group(2), m.group(3)
+        if kind == "mark":
+            fd, at, b = rest.split(" ")
+            run.marks.append((int(fd), float(at), int(b)))
+        elif kind == "line":
+            fd, at, text = (rest.split(" ", 2) + [""])[:3]
+            run.lines.append((int(fd), float(at), text))
+        elif kind == "snap":
+            at, text = rest.split(" ", 1)
+            kv = dict(w.split("=", 1) for w in text.split() if "=" in w)
+            run.snap = (float(at), {k: int(v) for k, v in kv.items()} if kv else text)
+        else:
+            at, status, maxrss = rest.split(" ")
+            run.exit = (float(at), int(status), int(maxrss))
+    return runs, info, other
+
+
+def measure(runs, n):
+    """{monitor: {metric: [values]}} and {monitor: {metric: why}} for
+    figures that could not be taken, from the measured (not warm-up) runs."""
+    values = {m: {k: [] for k, _, _ in METRICS} for m, _ in MONITORS}
+    failures = {m: [] for m, _ in MONITORS}
+    for i in range(1, n + 1):
+        r = runs.get(f"mvm.run.{i}")
+        if r and r.why_failed() is None:
+            stats = {}
+            for fd, _, text in r.lines:
+                mm = STAT_LINE.match(text)
+                if fd == 2 and mm:
+                    stats[mm.group(1)] = float(mm.group(2))
+            end = r.exit[0]
+            if "boot to init" in stats:
+                values["mvm"]["boot"].append(stats["boot to init"])
+            values["mvm"]["command"].append(end)
+            done = r.first_line(2, "mvm-init: exit status ")
+            if done and done[1] == "mvm-init: exit status 0":
+                values["mvm"]["teardown"].append(end - done[0])
+            else:
+                failures["mvm"].append(f"run {i}: no 'exit status 0' console line")
+            if "peak rss" in stats and "guest resident" in stats:
+                values["mvm"]["overhead"].append(stats["peak rss"] - stats["guest resident"])
+                values["mvm"]["guest"].append(stats["guest resident"])
+            values["mvm"]["rss"].append(r.exit[2])
+        elif r:
+            failures["mvm"].append(f"run {i}: {r.why_failed()}")
+
+        r = runs.get(f"qemu.run.{i}")
+        if r and r.why_failed() is None:
+            boot = r.first_mark(3, 1)
+            done = r.first_line(5, "mvm-init: exit status ")
+            if boot is None or done is None or done[1] != "mvm-init: exit status 0":
+                failures["qemu"].append(f"run {i}: no boot marker or no 'exit status 0' line")
+            else:
+                values["qemu"]["boot"].append(boot)
+                values["qemu"]["command"].append(r.exit[0])
+                values["qemu"]["teardown"].append(r.exit[0] - done[0])
+        elif r:
+            failures["qemu"].append(f"run {i}: {r.why_failed()}")
+        r = runs.get(f"qemu.mem.{i}")
+        if r and r.why_failed() is None:
+            if r.snap and isinstance(r.snap[1], dict):
+                values["qemu"]["overhead"].append(r.exit[2] - r.snap[1]["guest_rss_kib"])
+                values["qemu"]["guest"].append(r.snap[1]["guest_rss_kib"])
+            else:
+                failures["qemu"].append(f"memory run {i}: snapshot {r.snap[1] if r.snap else 'not taken'}")
+            values["qemu"]["rss"].append(r.exit[2])
+        elif r:
+            failures["qemu"].append(f"memory run {i}: {r.why_failed()}")
+
+        r = runs.get(f"bwrap.run.{i}")
+        if r and r.why_failed() is None:
+            values["bwrap"]["command"].append(r.exit[0])
+            values["bwrap"]["rss"].append(r.exit[2])
+        elif r:
+            failures["bwrap"].append(f"run {i}: {r.why_failed()}")
+
+        for m, _ in MONITORS:
+            r = runs.get(f"{m}.ver.{i}")
+            if r and r.why_failed() is None:
+                values[m]["start"].append(r.exit[0])
+            elif r:
+                failures[m].append(f"--version run {i}: {r.why_failed()}")
+    return values, failures
+
+
+def fmt(v, unit):
+    return f"{v:.0f}" if unit == "KiB" or v >= 100 else f"{v:.1f}"
+
+
+def svg(values, skipped, path):
+    """Per metric, one strip per monitor on a shared scale from 0 (so that
+    lengths compare as the ratios do): every run a dot, the median a bar
+    and its value on the right."""
+    colours = {"mvm": "#36c", "qemu": "#d62", "bwrap": "#393"}
+    names = dict(MONITORS)
+    width, left, right, strip = 800, 130, 110, 22
+    blocks = []
+    for key, label, unit in METRICS:
+        rows = [(m, values[m][key]) for m, _ in MONITORS if m not in skipped and values[m][key]]
+        if rows:
+            blocks.append((label, unit, rows))
+    height = 30 + sum(24 + strip * len(rows) + 18 for _, _, rows in blocks)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12">']
-    for i, (name, unit, vals) in enumerate(rows):
-        y = 20 + i * row + row // 2
-        lo, hi = min(vals), max(vals)
-        span = (hi - lo) or 1.0
-        x = lambda v: left + (v - lo) / span * (width - left - 20)
-        parts.append(f'<text x="5" y="{y + 4}">{name} ({unit})</text>')
-        parts.append(f'<line x1="{left}" y1="{y}" x2="{width - 20}" y2="{y}" stroke="#ccc"/>')
-        for v in vals:
-            parts.append(f'<circle cx="{x(v):.1f}" cy="{y}" r="3" fill="#36c" fill-opacity="0.6"/>')
-        med = statistics.median(vals)
-        parts.append(f'<line x1="{x(med):.1f}" y1="{y - 10}" x2="{x(med):.1f}" y2="{y + 10}" '
-                     f'stroke="#c33" stroke-width="2"/>')
-        parts.append(f'<text x="{left}" y="{y + 22}" fill="#666">{lo:g}</text>')
-        parts.append(f'<text x="{width - 20}" y="{y + 22}" fill="#666" text-anchor="end">{hi:g}</text>')
+             f'font-family="sans-serif" font-size="12">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             '<text x="5" y="16" font-weight="bold">Every run (dots) and the median (bar); '
+             'one scale per metric, from 0</text>']
+    y = 30
+    for label, unit, rows in blocks:
+        parts.append(f'<text x="5" y="{y + 14}" font-weight="bold">{escape(label)} ({unit})</text>')
+        y += 24
+        hi = max(max(v) for _, v in rows) or 1.0
+        end = width - right
+
+        def x(v):
+            return left + v / hi * (end - left)
+        for m, vals in rows:
+            cy = y + strip // 2
+            med = statistics.median(vals)
+            parts.append(f'<text x="15" y="{cy + 4}">{names[m]}</text>')
+            parts.append(f'<line x1="{left}" y1="{cy}" x2="{end}" y2="{cy}" stroke="#ddd"/>')
+            for v in vals:
+                parts.append(f'<circle cx="{x(v):.1f}" cy="{cy}" r="3" fill="{colours[m]}" fill-opacity="0.5"/>')
+            parts.append(f'<line x1="{x(med):.1f}" y1="{cy - 8}" x2="{x(med):.1f}" y2="{cy + 8}" '
+                         f'stroke="{colours[m]}" stroke-width="3"/>')
+            parts.append(f'<text x="{end + 8}" y="{cy + 4}" fill="{colours[m]}">{fmt(med, unit)}</text>')
+            y += strip
+        parts.append(f'<text x="{left}" y="{y + 12}" fill="#666">0</text>')
+        parts.append(f'<text x="{end}" y="{y + 12}" fill="#666" text-anchor="end">{fmt(hi, unit)}</text>')
+        y += 18
     parts.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(parts) + "\n")
+
+
+def git_version():
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", "--runs", type=int, default=20)
     args = ap.parse_args()
+    if args.runs < 1:
+        sys.exit("bench: -n must be at least 1")
 
     kind, model, hw = host_type()
-    print(f"bench: {kind}; CPU {model}; {args.runs} runs after 1 warm-up", file=sys.stderr)
-    one_run()
-    runs = [one_run() for _ in range(args.runs)]
-    samples = [[v for v in (get(s) for s in runs) if v is not None] for _, _, get in METRICS]
+    if not os.path.isfile(os.path.join(PEERS, ".bundled")):
+        sys.exit("bench: build/peers is missing: run 'make bench' (scripts/bundle-peers.sh build/peers)")
+    # Peers missing on this machine, with the reason bundle-peers.sh gave.
+    skipped = {}
+    for line in read_lines(os.path.join(PEERS, "missing")):
+        name, why = line.split(": ", 1)
+        skipped[name] = why
 
-    with open(os.path.join(ROOT, "build", "share", "mvm", "kernel.release")) as f:
+    script = SETUP.format(
+        build=shlex.quote("/mvm" if not hw else BUILD), runs=args.runs,
+        qemu=0 if "qemu" in skipped else 1, bwrap=0 if "bwrap" in skipped else 1,
+        mib=GUEST_MIB, kib=GUEST_MIB * 1024, append=shlex.quote(QEMU_APPEND),
+        bw_all=BWRAP_NS_ALL, bw_no_ipc=BWRAP_NS_NO_IPC, bw_base=BWRAP_BASE,
+    )
+    where = "directly" if hw else "inside one test host"
+    print(f"bench: {kind}; CPU {model}; {args.runs} rounds after 1 warm-up, {where} "
+          f"(a few minutes; the test host reports only at the end)", file=sys.stderr)
+    env = dict(os.environ, MVM_TESTHOST_SETUP=script, MVM_TESTHOST_TIMEOUT="900")
+    env.pop("MVM_TESTHOST_AFTER", None)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    out = subprocess.run([WRAPPER, "--version"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=960)
+    elapsed = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
+    setup = [line[len(SETUP_PREFIX):] for line in out.stderr.splitlines() if line.startswith(SETUP_PREFIX)]
+    runs, info, other = parse_setup(setup)
+    leftovers = [line for line in out.stderr.splitlines() if "left behind" in line]
+    if out.returncode != 0 or "mvm.run.warm" not in runs:
+        sys.exit(f"bench: the benchmark run failed ({out.returncode}):\n{out.stderr}")
+    for line in setup:
+        if line.startswith("skip "):
+            name = line.split()[1]
+            warm = runs.get(f"{name}.run.warm2") or runs.get(f"{name}.run.warm")
+            skipped[name] = f"its warm-up run failed ({warm.why_failed() if warm else 'no output'})"
+
+    values, failures = measure(runs, args.runs)
+    med = {m: {k: statistics.median(v) for k, v in values[m].items() if v} for m, _ in MONITORS}
+
+    def why_na(m, key):
+        if m in skipped:
+            return f"skipped: {skipped[m]}"
+        if (m, key) in NOT_APPLICABLE:
+            return NOT_APPLICABLE[(m, key)]
+        if not values[m][key]:
+            return "every run failed (below)"
+        return None
+
+    def cell(m, key, unit):
+        why = why_na(m, key)
+        if why:
+            return "n/a"
+        v = values[m][key]
+        md, p90, lo, hi = summary(v)
+        return f"**{fmt(md, unit)}** (p90 {fmt(p90, unit)}; {fmt(lo, unit)}-{fmt(hi, unit)})"
+
+    def ratio(peer, key):
+        if key not in med["mvm"] or why_na(peer, key):
+            return "n/a"
+        return f"**{med['mvm'][key] / med[peer][key]:.2f}**"
+
+    names = dict(MONITORS)
+    versions = {}
+    for line in read_lines(os.path.join(PEERS, "versions")):
+        name, v = line.split(" ", 1)
+        versions[name] = v
+    with open(os.path.join(BUILD, "share", "mvm", "kernel.release")) as f:
         guest_kernel = f.read().strip()
-    now = datetime.datetime.now(datetime.timezone.utc)
     lines = [
-        f"# mvm benchmark, {now:%Y-%m-%d %H:%M} UTC",
+        f"# mvm benchmark, {started:%Y-%m-%d %H:%M} UTC",
         "",
         f"- host: **{kind}**; CPU: {model}; host kernel {platform.release()}",
-        f"- guest kernel {guest_kernel}; {args.runs} runs of `mvm run -- true` after 1 warm-up",
     ]
     if not hw:
-        lines.append("- inside the TCG test host every millisecond is emulated time: "
-                     "compare ratios measured in the same test host, never these absolute "
-                     "figures with hardware ones")
-    lines += ["", "| metric | mvm median | p90 | min | max |", "| --- | --- | --- | --- | --- |"]
-    for (name, unit, _), vals in zip(METRICS, samples):
-        if vals:
-            med, p90, lo, hi = summary(vals)
-            lines.append(f"| {name} | {med:.1f} {unit} | {p90:.1f} | {lo:.1f} | {hi:.1f} |")
-        else:
-            lines.append(f"| {name} | no data | | | |")
-    lines += ["", "Peers (no ratio without a measured peer):", ""]
-    lines += [f"- {name}: skipped, {why}" for name, why in peers(hw)]
+        lines += [
+            f"- everything ran inside one test host (CPU as it sees it: {info.get('cpu', '?')}; "
+            f"kernel {info.get('kernel', '?')}; 1 vCPU), mvm and both peers alike",
+            "- **inside the TCG test host every millisecond is emulated time, and the guests run under "
+            "nested KVM on top of it: read the ratios, measured side by side in the same test host; "
+            "never compare these absolute figures with hardware ones**",
+        ]
+    lines += [
+        f"- versions: {info.get('mvm-version', 'mvm ?')} ({git_version()}); "
+        f"{info.get('qemu-version', versions.get('qemu', 'QEMU: not installed'))}; "
+        f"{info.get('bwrap-version', versions.get('bwrap', 'bubblewrap: not installed'))}",
+        f"- guest kernel {guest_kernel} and the same initramfs for both VMMs: mvm boots "
+        "build/share/mvm/vmlinux; QEMU the same source and config as a bzImage (LZ4; QEMU cannot load "
+        "an ELF vmlinux without a PVH note), "
+        f"{GUEST_MIB} MiB, 1 vCPU",
+        f"- {args.runs} interleaved rounds after 1 warm-up of each; {elapsed:.0f} s in all",
+        "",
+        "Ratios are mvm's median over the peer's: below 1, mvm is faster or smaller. Cells: "
+        "**median** (p90; min-max).",
+        "",
+        "| metric | mvm / QEMU | mvm / bwrap | mvm | QEMU -M microvm | bubblewrap |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, label, unit in METRICS:
+        lines.append(f"| {label} ({unit}) | {ratio('qemu', key)} | {ratio('bwrap', key)} | "
+                     + " | ".join(cell(m, key, unit) for m, _ in MONITORS) + " |")
+    na = [(m, key, label, why_na(m, key)) for key, label, _ in METRICS for m, _ in MONITORS
+          if why_na(m, key)]
+    if na:
+        lines += ["", "n/a:", ""]
+        seen_skip = set()
+        for m, key, label, why in na:
+            if m in skipped:
+                if m not in seen_skip:
+                    lines.append(f"- {names[m]}: {why}")
+                    seen_skip.add(m)
+                continue
+            lines.append(f"- {names[m]}, \"{label}\": {why}")
+    lines += [
+        "",
+        "How each figure is taken (docs/benchmarks.md):",
+        "",
+        "- what runs: mvm as by default (`mvm run --print-stats --console -- true`: its workspace, an empty "
+        "directory, shared through virtiofsd; the command over the vsock exec channel; seccomp and "
+        "Landlock); QEMU with no device but the serial port and the debugcon, guest-init running `true` "
+        "from `mvm.cmd` on the kernel command line; so the ratios carry mvm's whole default cost.",
+        "- boot to init: mvm from its own start (first thing in main) to guest-init's boot marker on "
+        "port 0x440, timestamped by mvm; QEMU from the fork of its process to the same marker byte, "
+        "written by an isa-debugcon device at 0x440 to a pipe that benches/exectime timestamps. QEMU's "
+        "figure thus includes its exec and dynamic linking, mvm's does not (see the binary start row).",
+        "- command: fork to the process reaped, by exectime, for all three.",
+        "- teardown: from guest-init's 'mvm-init: exit status 0' console line (printed once the command "
+        "has exited, before the status write and the reset) to the process reaped, by exectime, for both "
+        "VMMs (mvm with --console, so that its guest console reaches exectime on stderr as QEMU's serial "
+        "console does through a pipe).",
+        "- VMM memory overhead: mvm's peak RSS minus its guest RAM resident when the VM stopped (mincore); "
+        "QEMU's peak RSS (wait4) minus the Rss of its guest RAM mapping, read from /proc/PID/smaps with "
+        "QEMU stopped (SIGSTOP) at the guest's exit status line, in separate runs.",
+        "- peak RSS: wait4's ru_maxrss of the process (and its reaped children) for all three.",
+    ]
+    if "bwrap" not in skipped:
+        lines.append(f"- bubblewrap: `bwrap {info.get('bwrap-flags', '?')} true`")
+        if "bwrap.run.warm2" in runs:
+            lines.append(f"  (without --unshare-ipc: `--unshare-all` failed here, "
+                         f"{runs['bwrap.run.warm'].why_failed()}; this kernel has no IPC namespaces)")
+    problems = [f"- {names[m]}: {f}" for m, _ in MONITORS for f in failures[m]]
+    problems += [f"- {line}" for line in leftovers]
+    problems += [f"- unexpected output: {line}" for line in other
+                 if not line.startswith(("round ", "skip ", "fail "))]
+    if problems:
+        lines += ["", "Problems during the run (failed runs are left out of the figures):", ""]
+        lines += problems
     report = "\n".join(lines) + "\n"
 
     stem = os.path.join(ROOT, "benches", "results",
-                        f"{now:%Y-%m-%d}-{'kvm' if hw else 'tcg'}-{platform.node() or 'host'}")
+                        f"{started:%Y-%m-%d}-{'kvm' if hw else 'tcg'}-{platform.node() or 'host'}")
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
     with open(stem + ".md", "w") as f:
         f.write(report)
-    svg(samples, stem + ".svg")
+    svg(values, skipped, stem + ".svg")
     print(report)
     print(f"bench: wrote {os.path.relpath(stem, ROOT)}.md and .svg", file=sys.stderr)
 

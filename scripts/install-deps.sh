@@ -5,9 +5,11 @@
 #   busybox-static cpio: the guest and test-host initramfs
 #   qemu-system-x86: the TCG test host (tests/testhost/)
 #   libseccomp-dev libcap-ng-dev: building virtiofsd (static, scripts/build-virtiofsd.sh)
+#   bubblewrap: the container baseline `make bench` measures next to mvm
+#     (benches/bench.py; QEMU, its other peer, is qemu-system-x86 above)
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev)
+    libseccomp-dev libcap-ng-dev bubblewrap)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
