@@ -21,4 +21,5 @@ pub mod session;
 pub mod shares;
 pub mod vcpu;
 pub mod virtiofsd;
+pub mod virtiofsd_filter;
 pub mod vm;

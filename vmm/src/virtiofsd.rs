@@ -10,6 +10,10 @@
 //! read-only share (`--readonly`), and creates every file as the caller:
 //! whatever uid the guest asks for is squashed to the caller's uid and gid.
 //!
+//! mvm also puts a seccomp filter on it before exec
+//! (`virtiofsd_filter.rs`): no setuid or setgid file can appear on the
+//! host through a share.
+//!
 //! Lifetime: virtiofsd serves one connection and exits when the VMM's end
 //! closes. Beyond that it is in a process group of its own (a Ctrl-C at the
 //! terminal is mvm's to handle), gets SIGKILL if mvm dies
@@ -38,6 +42,8 @@ pub enum Error {
     Log(String, io::Error),
     #[error("cannot start virtiofsd ({0}): {1}")]
     Spawn(String, io::Error),
+    #[error("cannot build virtiofsd's set-user-ID filter: {0}")]
+    Filter(String),
 }
 
 /// What one virtiofsd serves and where it talks.
@@ -106,6 +112,8 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
         .map_err(|e| Error::Socket(req.socket.display().to_string(), e))?;
     let log = File::create(req.log).map_err(|e| Error::Log(req.log.display().to_string(), e))?;
     let listen_fd = listener.as_raw_fd();
+    // Built here: the child between fork and exec only applies them.
+    let filters = crate::virtiofsd_filter::programs().map_err(|e| Error::Filter(e.to_string()))?;
     let mut command = Command::new(req.binary);
     command
         .args(arguments(req))
@@ -114,10 +122,17 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
         .stderr(log)
         .env_clear();
     // SAFETY: the closure runs in the forked child before exec and only
-    // makes async-signal-safe calls (dup2, fcntl, setpgid, prctl, getppid).
+    // makes system calls (dup2, fcntl, setpgid, prctl, getppid, seccomp);
+    // the filters were built before the fork.
     unsafe {
         let parent = std::process::id() as libc::pid_t;
-        command.pre_exec(move || child_setup(listen_fd, parent));
+        command.pre_exec(move || {
+            child_setup(listen_fd, parent)?;
+            for filter in &filters {
+                seccompiler::apply_filter(filter).map_err(|e| io::Error::other(e.to_string()))?;
+            }
+            Ok(())
+        });
     }
     let child = command
         .spawn()

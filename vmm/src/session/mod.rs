@@ -63,9 +63,12 @@ pub fn start(
         .spawn(move || {
             seccomp::install_or_exit(ThreadKind::Session);
             let result = exec(&uds, request, forward_stdin, &vm, &target, &slot);
-            if result.is_ok() {
-                stop_guest_if_lingering(&vm);
-            }
+            // After the command's exit, and just as much after a channel
+            // that broke or carried garbage (a guest that misbehaves must
+            // not keep the run alive until --timeout): guest-init gets the
+            // grace period to report on the status port, then the VM is
+            // stopped.
+            stop_guest_if_lingering(&vm);
             let _ = tx.send(result);
         })?;
     Ok(Session { done, stream })
