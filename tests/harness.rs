@@ -63,6 +63,30 @@ impl Run {
             .map(|l| format!("{l}\n"))
             .collect()
     }
+
+    /// A `mvm: NAME: VALUE UNIT` line of `--print-stats` (e.g. "peak rss"),
+    /// as a number; `None` without such a line.
+    pub fn stat(&self, name: &str) -> Option<f64> {
+        stat_in(&self.stderr, name)
+    }
+
+    /// The wrapper's first line: how mvm ran ("hardware KVM, running
+    /// directly" or "no hardware virtualization (...), running inside the
+    /// QEMU TCG test host").
+    pub fn mode(&self) -> Option<&str> {
+        self.stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(WRAPPER_PREFIX))
+    }
+}
+
+/// The value of a `mvm: NAME: VALUE UNIT` line of `--print-stats` in any
+/// text (stderr of a run, or output an after script collected).
+pub fn stat_in(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("mvm: {name}: ")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }
 
 /// The `mvm (test host): KIND LINE` lines of a wrapper's stderr, with that
@@ -110,6 +134,9 @@ pub struct Options<'a> {
     /// (after the leftover check), with `MVM_STATUS` set to mvm's status;
     /// its output comes back in `Run::after_lines`.
     pub after: Option<&'a str>,
+    /// `MVM_TESTHOST_TIMEOUT` in seconds, for a call whose scripts run
+    /// long (e.g. more mvm runs of their own); `None` is 90.
+    pub testhost_timeout: Option<u32>,
 }
 
 /// Runs `tests/testhost/mvm ARGS` with `stdin` as its input, in the repo
@@ -192,7 +219,10 @@ fn mvm_once(options: &Options, args: &[&str]) -> Run {
         .env("MVM_TESTHOST_SIGNAL", options.signal.unwrap_or(""))
         // A hung test host fails the call in a minute and a half, not the
         // wrapper's default quarter of an hour.
-        .env("MVM_TESTHOST_TIMEOUT", "90");
+        .env(
+            "MVM_TESTHOST_TIMEOUT",
+            options.testhost_timeout.unwrap_or(90).to_string(),
+        );
     // Only what this call asks for, never scripts from the environment.
     for (name, script) in [
         ("MVM_TESTHOST_SETUP", options.setup),

@@ -1,5 +1,7 @@
-//! Where the guest's serial console goes, and the one thing the VMM reads
-//! from it: whether the guest kernel panicked.
+//! Where the guest's serial console goes, and the two things the VMM reads
+//! from it: whether the guest kernel panicked, and whether its OOM killer
+//! struck (a command killed for want of memory otherwise looks like any
+//! SIGKILL, exit 137).
 //!
 //! A panic ends in a reset (`panic=-1 reboot=k`) just like a clean reboot,
 //! and without ACPI or PCI there is no pvpanic device to tell them apart, so
@@ -11,6 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const PANIC_BANNER: &[u8] = b"Kernel panic - not syncing";
+/// The OOM killer's report (mm/oom_kill.c), printed at KERN_ERR, so it
+/// reaches the console even with `quiet`.
+const OOM_BANNER: &[u8] = b"Out of memory: Killed process";
 /// Past this much buffered output a line without a newline is flushed anyway.
 const MAX_BUFFERED: usize = 4096;
 
@@ -20,6 +25,7 @@ pub struct ConsoleOutput {
     /// Unflushed tail kept for matching the banner across flushes.
     window: Vec<u8>,
     panic_seen: Arc<AtomicBool>,
+    oom_seen: Arc<AtomicBool>,
 }
 
 impl ConsoleOutput {
@@ -29,7 +35,12 @@ impl ConsoleOutput {
             buf: Vec::with_capacity(MAX_BUFFERED),
             window: Vec::new(),
             panic_seen: Arc::new(AtomicBool::new(false)),
+            oom_seen: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    pub fn oom_flag(&self) -> Arc<AtomicBool> {
+        self.oom_seen.clone()
     }
 
     pub fn panic_flag(&self) -> Arc<AtomicBool> {
@@ -38,14 +49,15 @@ impl ConsoleOutput {
 
     fn scan(&mut self, data: &[u8]) {
         self.window.extend_from_slice(data);
-        if self
-            .window
-            .windows(PANIC_BANNER.len())
-            .any(|w| w == PANIC_BANNER)
-        {
-            self.panic_seen.store(true, Ordering::SeqCst);
+        for (banner, flag) in [
+            (PANIC_BANNER, &self.panic_seen),
+            (OOM_BANNER, &self.oom_seen),
+        ] {
+            if self.window.windows(banner.len()).any(|w| w == banner) {
+                flag.store(true, Ordering::SeqCst);
+            }
         }
-        let keep = PANIC_BANNER.len() - 1;
+        let keep = PANIC_BANNER.len().max(OOM_BANNER.len()) - 1;
         if self.window.len() > keep {
             self.window.drain(..self.window.len() - keep);
         }
@@ -152,6 +164,17 @@ mod tests {
         assert!(!flag.load(Ordering::SeqCst));
         feed(&mut c, b"ng: Attempted to kill init!\n");
         assert!(flag.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn detects_the_oom_killer_and_nothing_else() {
+        let mut c = ConsoleOutput::new(Box::new(io::sink()));
+        let (oom, panic) = (c.oom_flag(), c.panic_flag());
+        feed(&mut c, b"[    3.1] Out of memory: Killed proc");
+        assert!(!oom.load(Ordering::SeqCst));
+        feed(&mut c, b"ess 57 (eat) total-vm:300000kB\n");
+        assert!(oom.load(Ordering::SeqCst));
+        assert!(!panic.load(Ordering::SeqCst));
     }
 
     #[test]

@@ -66,7 +66,9 @@ pub(crate) fn run(
             CONSOLE_LOG_LIMIT,
         ))
     };
-    let vmm = match builder::build(&config, ConsoleOutput::new(console)) {
+    let console = ConsoleOutput::new(console);
+    let oom_seen = console.oom_flag();
+    let vmm = match builder::build(&config, console) {
         Ok(vmm) => vmm,
         // A backend that failed to start shows up as a broken connection;
         // its own words say why.
@@ -117,6 +119,12 @@ pub(crate) fn run(
         result.as_ref().ok().map(|(_, at)| *at),
     );
 
+    if oom_seen.load(std::sync::atomic::Ordering::SeqCst) {
+        eprintln!(
+            "mvm: the guest ran out of memory (--memory {} MiB): its kernel killed a process (see the guest console)",
+            config.mem_size >> 20
+        );
+    }
     if let Ok((exit, _)) = &result {
         return Ok(i32::from(exit.status));
     }

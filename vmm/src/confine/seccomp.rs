@@ -79,8 +79,12 @@ pub fn install(kind: ThreadKind) -> Result<(), Error> {
         return Ok(());
     }
     let program = program(kind)?;
+    let refuse_open = refuse_open().map_err(|e| Error::Build(kind.name(), e.to_string()))?;
     install_reporter();
     KIND.with(|k| k.set(kind as u8 + 1));
+    if kind != ThreadKind::Vmm {
+        seccompiler::apply_filter(&refuse_open).map_err(|e| Error::Install(kind.name(), e))?;
+    }
     seccompiler::apply_filter(&program).map_err(|e| Error::Install(kind.name(), e))?;
     test_hook::forbidden_syscall(kind);
     Ok(())
@@ -129,10 +133,30 @@ pub fn block_forwarded_signals() {
     }
 }
 
+/// A first filter for every thread but the main one: `openat` fails with
+/// EACCES instead of trapping. glibc's malloc opens
+/// /proc/sys/vm/overcommit_memory when it trims a thread's heap (seen in
+/// the session thread under a large stdin); such a thread must get an
+/// error, not die. The allow-lists below then let `openat` through to
+/// this filter (of two verdicts the kernel applies the stricter).
+fn refuse_open() -> Result<BpfProgram, seccompiler::BackendError> {
+    SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_openat, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        TargetArch::x86_64,
+    )?
+    .try_into()
+}
+
 /// `kind`'s allow-list compiled to BPF.
 pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
     let build = |e: seccompiler::BackendError| Error::Build(kind.name(), e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    if kind != ThreadKind::Vmm {
+        // Answered with EACCES by `refuse_open`, installed first.
+        rules.insert(libc::SYS_openat, Vec::new());
+    }
     let starts_threads: &[i64] = match kind {
         ThreadKind::Session | ThreadKind::Signals => THREAD_START,
         ThreadKind::Vmm | ThreadKind::Vcpu => &[],
@@ -438,6 +462,11 @@ mod tests {
                 assert!(!own_calls(kind).contains(&call), "{kind:?} {call}");
             }
         }
+    }
+
+    #[test]
+    fn the_open_refusal_builds() {
+        assert!(!refuse_open().unwrap().is_empty());
     }
 
     #[test]

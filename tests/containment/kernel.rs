@@ -1,0 +1,224 @@
+//! Check 9: a separate kernel. The guest's kernel is another instance
+//! than the host's (boot id, version string, modules), and crashing or
+//! rebooting it ends only that VM, with exit code 121, while the host
+//! keeps its boot and can run the next VM at once.
+
+use mvm_e2e::{Options, Run};
+
+use crate::battery::{attack, code, excerpt, mvm_says, script, value, Check, Verdict};
+
+/// The kernel's identity, as `key=value` lines, on whichever side runs it.
+const IDENTITY: &str = r#"
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
+echo "release=$(uname -r)"
+echo "version=$(cat /proc/version)"
+echo "modules=$(cat /proc/modules 2>/dev/null | wc -l) loaded$([ -e /proc/modules ] || echo ', no /proc/modules')"
+echo "cmdline=$(cat /proc/cmdline)"
+"#;
+
+/// This machine's kernel (the outermost host: the same as the test host's
+/// host, or mvm's host itself on hardware KVM): `key=value` like IDENTITY.
+fn this_machine() -> Vec<String> {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let modules = match std::fs::read_to_string("/proc/modules") {
+        Ok(m) => format!("{} loaded", m.lines().count()),
+        Err(_) => "0 loaded, no /proc/modules".into(),
+    };
+    vec![
+        format!("boot_id={}", read("/proc/sys/kernel/random/boot_id")),
+        format!("release={}", read("/proc/sys/kernel/osrelease")),
+        format!("version={}", read("/proc/version")),
+        format!("modules={modules}"),
+        format!("cmdline={}", read("/proc/cmdline")),
+    ]
+}
+
+/// After a guest crash: the host's boot id again (unchanged: the host did
+/// not go down with it), then the next VM on the same host.
+fn host_survives() -> String {
+    script(&format!(
+        r#"
+{IDENTITY}
+$MVM run --no-workspace -- echo next-vm-ok 2>/run/tmp/next.err
+echo "next_status=$?"
+sed 's/^/next stderr: /' /run/tmp/next.err | tail -n 3
+leftovers | sed 's/^/left behind: /'
+"#
+    ))
+}
+
+fn host_identity_before() -> String {
+    script(IDENTITY)
+}
+
+/// The host's boot id from setup and from after: the same boot.
+fn require_host_survived(v: &mut Verdict, run: &Run) {
+    let before = run.setup_lines();
+    let after = run.after_lines();
+    let (b, a) = (value(&before, "boot_id"), value(&after, "boot_id"));
+    v.saw(format!("host boot id unchanged: {}", b.is_some() && b == a));
+    v.require(
+        b.is_some() && b == a,
+        format!("host boot id {b:?} then {a:?}"),
+    );
+    let next = value(&after, "next_status");
+    v.saw(format!(
+        "next VM on the same host: exit {}",
+        next.unwrap_or("?")
+    ));
+    v.require(next == Some("0"), "the next mvm run failed");
+    let left: Vec<&&str> = after
+        .iter()
+        .filter(|l| l.starts_with("left behind: "))
+        .collect();
+    v.require(left.is_empty(), format!("left behind: {left:?}"));
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_9a_the_guest_kernel_is_not_the_hosts() {
+    let mut check = Check::new(
+        "9a",
+        "compare the guest kernel's identity (boot id, release, /proc/version, /proc/modules, command line) with the host mvm ran on and with this machine's kernel",
+        "a boot id of its own (another kernel instance) and a command line of its own; a /proc/version other than this machine's; the test host, a kernel built from the same source by the same script, may share release and version (reported)",
+    );
+    let setup = host_identity_before();
+    let run = check.run(|| {
+        attack(
+            &Options {
+                setup: Some(&setup),
+                ..Options::default()
+            },
+            &["--no-workspace", "--", "sh", "-c", IDENTITY],
+        )
+    });
+    let mut v = Verdict::new();
+    let host = run.setup_lines();
+    let guest: Vec<&str> = run.stdout.lines().collect();
+    let machine = this_machine();
+    let machine: Vec<&str> = machine.iter().map(String::as_str).collect();
+    v.saw(format!("exit {}", code(&run)));
+    for key in ["boot_id", "release", "version", "modules", "cmdline"] {
+        let (h, g, m) = (value(&host, key), value(&guest, key), value(&machine, key));
+        v.saw(format!(
+            "{key}: guest '{}', host '{}', this machine '{}'",
+            excerpt(g.unwrap_or("?"), 50),
+            excerpt(h.unwrap_or("?"), 50),
+            excerpt(m.unwrap_or("?"), 50)
+        ));
+        let differs = |other: Option<&str>| g.is_some() && other.is_some() && g != other;
+        match key {
+            "boot_id" => v.require(
+                differs(h) && differs(m),
+                "the guest shares a boot id with a host kernel",
+            ),
+            "cmdline" => v.require(differs(h), "the guest has the host's command line"),
+            "version" => v.require(differs(m), "the guest reports this machine's kernel"),
+            _ => {}
+        }
+    }
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_9b_a_guest_kernel_panic_ends_only_that_vm() {
+    let mut check = Check::new(
+        "9b",
+        "crash the guest kernel as guest root: echo c > /proc/sysrq-trigger",
+        "exit 121 with 'the guest kernel panicked'; the host's boot id unchanged and the next VM runs",
+    );
+    let (setup, after) = (host_identity_before(), host_survives());
+    let run = check.run(|| {
+        attack(
+            &Options {
+                setup: Some(&setup),
+                after: Some(&after),
+                ..Options::default()
+            },
+            &[
+                "--root",
+                "--no-workspace",
+                "--",
+                "sh",
+                "-c",
+                "echo c > /proc/sysrq-trigger; echo still-running",
+            ],
+        )
+    });
+    let mut v = Verdict::new();
+    let said = mvm_says(&run);
+    v.saw(format!("exit {}: {}", code(&run), excerpt(&said, 100)));
+    v.require(run.code == Some(121), "not exit 121");
+    v.require(
+        said.contains("panicked"),
+        "mvm did not say the guest panicked",
+    );
+    // The control that a panic really happened: the console tail mvm shows.
+    let sysrq = run.mvm_stderr().contains("Kernel panic");
+    v.saw(format!("console tail shows the panic: {sysrq}"));
+    v.require(sysrq, "no panic on the guest console");
+    require_host_survived(&mut v, &run);
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_9c_a_guest_reboot_ends_only_that_vm() {
+    let mut check = Check::new(
+        "9c",
+        "reboot the guest from the command: reboot -f (reboot(2)) as guest root; the same as the default user",
+        "exit 121 ('stopped without reporting'), the host's boot id unchanged, the next VM runs; as the default user reboot(2) is refused (EPERM)",
+    );
+    let (setup, after) = (host_identity_before(), host_survives());
+    let after = format!(
+        "{after}\n$MVM run --no-workspace -- reboot -f >/dev/null 2>/run/tmp/user.err; \
+         echo user_reboot_status=$?; sed 's/^/user reboot: /' /run/tmp/user.err | head -n 2"
+    );
+    let run = check.run(|| {
+        attack(
+            &Options {
+                setup: Some(&setup),
+                after: Some(&after),
+                ..Options::default()
+            },
+            &[
+                "--root",
+                "--no-workspace",
+                "--",
+                "sh",
+                "-c",
+                "reboot -f; sleep 30; echo still-running",
+            ],
+        )
+    });
+    let mut v = Verdict::new();
+    let said = mvm_says(&run);
+    v.saw(format!("exit {}: {}", code(&run), excerpt(&said, 100)));
+    v.require(run.code == Some(121), "not exit 121");
+    v.require(
+        !run.stdout.contains("still-running"),
+        "the reboot did not happen",
+    );
+    require_host_survived(&mut v, &run);
+    let after_lines = run.after_lines();
+    let user = value(&after_lines, "user_reboot_status");
+    v.saw(format!(
+        "as the default user: exit {} ({})",
+        user.unwrap_or("?"),
+        after_lines
+            .iter()
+            .find_map(|l| l.strip_prefix("user reboot: "))
+            .map(|l| excerpt(l, 60))
+            .unwrap_or_default()
+    ));
+    v.require(
+        user.is_some() && user != Some("121"),
+        "an unprivileged reboot ended the VM",
+    );
+    check.finish(v);
+}

@@ -1,0 +1,27 @@
+//! The containment battery (issue 5): attack the sandbox from inside and
+//! check on the host that every boundary held. One test per attack, each
+//! with a positive control that would fail if the protection were gone;
+//! each writes a report row (`battery::Check`) before its verdict, and
+//! `make battery` turns the rows into docs/containment.md.
+//!
+//! Like the end-to-end tests these go through `tests/testhost/mvm` and
+//! need `make`; they are `#[ignore]`d, and this target is left out of a
+//! plain `cargo test` (`test = false`): `make battery` runs it with
+//! `cargo test --test containment -- --ignored`.
+//!
+//! | check | module |
+//! | --- | --- |
+//! | 1 secrets, 2 writes, 7 `--write` control, 8 unsafe-mount contrast | `files` |
+//! | 3 network and vsock | `network` |
+//! | 4 fork bomb, 5 memory bomb, 10 floods, stdin, SIGTERM | `resources` |
+//! | 6 root, capabilities, setuid | `privilege` |
+//! | 9 a separate kernel: identity, panic, reboot | `kernel` |
+//! | 11 bad frames to the host | `protocol` |
+
+mod battery;
+mod files;
+mod kernel;
+mod network;
+mod privilege;
+mod protocol;
+mod resources;

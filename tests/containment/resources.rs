@@ -1,0 +1,556 @@
+//! Checks 4, 5 and 10: exhausting resources. A fork bomb and a memory
+//! bomb exhaust the guest, not the host; floods of output, stdin nobody
+//! reads or that never ends, and a command ignoring SIGTERM leave the
+//! VMM's memory bounded, `--timeout` working and nothing running.
+//!
+//! The host side is watched from the test host itself: samplers started
+//! by the setup script record its process count or free memory every
+//! 0.2 s while mvm runs, and mvm's own `--print-stats` gives its peak RSS.
+//! Where a check needs more runs on the same host (the next run after a
+//! bomb, a baseline, stdin that never closes), the after script starts
+//! them and looks for leftovers itself.
+
+use std::time::Instant;
+
+use mvm_e2e::{stat_in, Options, Run};
+
+use crate::battery::{
+    attack, attacker, code, control, excerpt, mvm_says, number, script, value, Check, Verdict,
+};
+
+/// Starts a sampler on the host: `probe` (shell printing one number) every
+/// 0.2 s into /run/tmp/samples, its pid in /run/tmp/sampler.pid.
+fn sampler(probe: &str) -> String {
+    format!(
+        r#"
+(while :; do {probe}; sleep 0.2; done) >/run/tmp/samples 2>/dev/null </dev/null &
+echo $! >/run/tmp/sampler.pid
+sleep 1
+"#
+    )
+}
+
+/// Stops the sampler and prints the lowest and highest sample.
+const SAMPLES: &str = r#"
+kill "$(cat /run/tmp/sampler.pid)"
+echo "min=$(sort -n /run/tmp/samples | head -n 1)"
+echo "max=$(sort -n /run/tmp/samples | tail -n 1)"
+echo "samples=$(wc -l </run/tmp/samples)"
+"#;
+
+/// The lines a nested run's stderr file left, prefixed with `name: `.
+fn show(name: &str, file: &str) -> String {
+    format!("sed 's/^/{name}: /' {file}")
+}
+
+/// The `--print-stats` figure `stat` of a nested run shown as `name: `.
+fn nested_stat(run: &Run, name: &str, stat: &str) -> Option<f64> {
+    let prefix = format!("{name}: ");
+    let text: String = run
+        .after_lines()
+        .iter()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    stat_in(&text, stat)
+}
+
+fn require_no_leftovers(v: &mut Verdict, run: &Run) {
+    let left: Vec<&str> = run
+        .after_lines()
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("left behind: "))
+        .collect();
+    v.saw(format!("left behind by the script's runs: {}", left.len()));
+    v.require(left.is_empty(), format!("left behind: {left:?}"));
+}
+
+const LEFTOVERS: &str = "leftovers | sed 's/^/left behind: /'";
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_4_a_fork_bomb_stays_in_the_guest() {
+    let mut check = Check::new(
+        "4",
+        "fork bomb (bomb() { bomb & bomb & read -t 600 x; }) as the default user, whose process limit is --max-procs' default 4096, counting the guest's processes until they near it; the host's process count sampled every 0.2 s; then the next mvm run on the same host",
+        "the guest fills up to its process limit (control: at least 3500 processes); the host count grows only by mvm and its helpers; mvm returns the command's status (0); the next run works",
+    );
+    let setup = script(&sampler("set -- /proc/[0-9]*; echo $#"));
+    let after = script(&format!(
+        r#"
+{SAMPLES}
+$MVM run --no-workspace -- echo next-vm-ok >/run/tmp/next.out 2>/run/tmp/next.err
+echo "next_status=$? $(cat /run/tmp/next.out)"
+{LEFTOVERS}
+"#
+    ));
+    // Each bomb starts two more and then blocks (a builtin read on a FIFO
+    // that never delivers), so the processes stay and the tree grows to
+    // the user's process limit, where forks fail; blocked, they leave the
+    // CPU to the counting loop. Everything after the bomb starts is a
+    // shell builtin: the limit leaves no fork for `sleep` or `ls`.
+    let bomb = r#"
+mkfifo /tmp/never && exec 3<>/tmp/never
+bomb() { bomb & bomb & read -t 600 x <&3; }
+bomb 2>/dev/null &
+i=0
+while [ $i -lt 30 ]; do
+    read -t 2 x <&3
+    set -- /proc/[0-9]*
+    echo "guest_procs=$#"
+    [ $# -lt 3500 ] || break
+    i=$((i + 1))
+done
+exit 0
+"#;
+    let started = Instant::now();
+    let run = check.run(|| {
+        attack(
+            &Options {
+                setup: Some(&setup),
+                after: Some(&after),
+                ..Options::default()
+            },
+            &["--timeout", "80", "--", "sh", "-c", bomb],
+        )
+    });
+    let mut v = Verdict::new();
+    let secs = started.elapsed().as_secs();
+    v.saw(format!("exit {} after {secs} s", code(&run)));
+    v.require(run.code == Some(0), "mvm did not return the command's 0");
+    let guest_max = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("guest_procs="))
+        .filter_map(|n| n.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    v.saw(format!("guest processes at most {guest_max}"));
+    v.require(
+        guest_max >= 3500,
+        "the bomb never came near the limit (control)",
+    );
+    let after = run.after_lines();
+    let (min, max) = (number(&after, "min"), number(&after, "max"));
+    v.saw(format!(
+        "host processes between {} and {} ({} samples)",
+        min.unwrap_or(-1.0),
+        max.unwrap_or(-1.0),
+        value(&after, "samples").unwrap_or("?")
+    ));
+    match (min, max) {
+        (Some(min), Some(max)) => {
+            // The quietest moment has no mvm; the busiest has mvm, its
+            // virtiofsd and sandboxed child, and the scripts' own.
+            v.require(max - min <= 10.0, "the host's process count grew");
+            v.require(max > min, "the sampler did not even see mvm (control)");
+        }
+        _ => v.require(false, "no host samples"),
+    }
+    let next = value(&after, "next_status").unwrap_or("?");
+    v.saw(format!("next run: {next}"));
+    v.require(next == "0 next-vm-ok", "the next mvm run did not work");
+    require_no_leftovers(&mut v, &run);
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_5_a_memory_bomb_is_bounded_by_the_vm_size() {
+    let mut check = Check::new(
+        "5",
+        "memory bomb: allocate and touch memory without end in a --memory 256M guest; the host's MemAvailable sampled every 0.2 s",
+        "the guest fills its memory (control), the guest kernel's OOM killer ends the command, mvm exits 137 and says it ran out of memory, no hang; mvm's peak RSS and the host's memory drop stay within 256 MiB plus the VMM's overhead",
+    );
+    let attacker = attacker();
+    let setup = script(&sampler("awk '/MemAvailable/ { print $2 }' /proc/meminfo"));
+    let after = script(&format!("{SAMPLES}\n{LEFTOVERS}"));
+    let started = Instant::now();
+    let run = check.run(|| {
+        attack(
+            &Options {
+                setup: Some(&setup),
+                after: Some(&after),
+                ..Options::default()
+            },
+            &[
+                "--memory",
+                "256M",
+                "--print-stats",
+                "--timeout",
+                "80",
+                "--",
+                &format!("/workspace/{attacker}"),
+                "eat",
+            ],
+        )
+    });
+    let mut v = Verdict::new();
+    let secs = started.elapsed().as_secs();
+    let said = mvm_says(&run);
+    v.saw(format!("exit {} after {secs} s", code(&run)));
+    v.require(run.code == Some(137), "not killed (137)");
+    let ate = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ate "))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    v.saw(format!("the command touched {ate} MiB before it died"));
+    v.require(ate >= 128, "the bomb never filled the guest (control)");
+    let oom = run.mvm_stderr().to_lowercase().contains("out of memory");
+    v.saw(format!(
+        "mvm reports the OOM kill: {oom} (mvm said: {})",
+        excerpt(&said, 160)
+    ));
+    v.require(oom, "mvm does not say the guest ran out of memory");
+    let peak = run.stat("peak rss").map(|k| k / 1024.0);
+    v.saw(format!("mvm peak RSS {:.0} MiB", peak.unwrap_or(-1.0)));
+    v.require(
+        peak.is_some_and(|p| p <= 256.0 + 128.0),
+        "mvm's peak RSS exceeds 256 MiB + 128 MiB",
+    );
+    let after = run.after_lines();
+    match (number(&after, "max"), number(&after, "min")) {
+        (Some(max), Some(min)) => {
+            let drop = (max - min) / 1024.0;
+            v.saw(format!(
+                "host MemAvailable dropped by at most {drop:.0} MiB"
+            ));
+            v.require(
+                drop <= 256.0 + 192.0,
+                "the host lost more memory than the VM's size plus overhead",
+            );
+        }
+        _ => v.require(false, "no host memory samples"),
+    }
+    require_no_leftovers(&mut v, &run);
+    check.finish(v);
+}
+
+/// Bytes of stdout in the flood: the issue's 1 GB.
+const FLOOD_BYTES: u64 = 1_000_000_000;
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_10a_a_gigabyte_of_stdout_streams_through_bounded_memory() {
+    let mut check = Check::new(
+        "10a",
+        "stdout flood: 1 GB (head -c 1000000000 /dev/zero) through the exec channel into a pipe on the host, with --print-stats; a `true` run on the same host as the baseline",
+        "every byte arrives, exit 0, mvm's peak RSS within 64 MiB of the baseline's (it streams, never collects)",
+    );
+    // mvm's stdout into `wc -c` on the test host: a gigabyte must not
+    // travel back to the harness.
+    let after = script(&format!(
+        r#"
+t0=$(date +%s)
+{{ $MVM run {extra} --print-stats --no-workspace --timeout 240 -- head -c {FLOOD_BYTES} /dev/zero 2>/run/tmp/flood.err
+   echo $? >/run/tmp/flood.status; }} | wc -c >/run/tmp/flood.bytes
+echo "flood_status=$(cat /run/tmp/flood.status)"
+echo "flood_bytes=$(cat /run/tmp/flood.bytes)"
+echo "flood_seconds=$(( $(date +%s) - t0 ))"
+{}
+{LEFTOVERS}
+"#,
+        show("flood", "/run/tmp/flood.err"),
+        extra = crate::battery::extra_args().join(" "),
+    ));
+    let run = check.run(|| {
+        control(
+            &Options {
+                after: Some(&after),
+                // A gigabyte takes about 100 s through the TCG test host.
+                testhost_timeout: Some(300),
+                ..Options::default()
+            },
+            &["--print-stats", "--no-workspace", "--", "true"],
+        )
+    });
+    let mut v = Verdict::new();
+    let after = run.after_lines();
+    let status = value(&after, "flood_status").unwrap_or("?");
+    let bytes = number(&after, "flood_bytes").unwrap_or(-1.0);
+    v.saw(format!(
+        "exit {status}, {bytes} bytes in {} s",
+        value(&after, "flood_seconds").unwrap_or("?")
+    ));
+    v.require(status == "0", "the flood run did not exit 0");
+    v.require(bytes == FLOOD_BYTES as f64, "bytes were lost");
+    let base = run.stat("peak rss");
+    let flood = nested_stat(&run, "flood", "peak rss");
+    v.saw(format!(
+        "peak RSS {:.0} MiB (baseline {:.0} MiB)",
+        flood.unwrap_or(-1.0) / 1024.0,
+        base.unwrap_or(-1.0) / 1024.0
+    ));
+    match (base, flood) {
+        (Some(base), Some(flood)) => v.require(
+            flood - base < 64.0 * 1024.0,
+            "the VMM's memory grew with the output",
+        ),
+        _ => v.require(false, "no peak RSS figures"),
+    }
+    require_no_leftovers(&mut v, &run);
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_10b_thousands_of_tiny_writes_arrive_in_order() {
+    const N: usize = 10_000;
+    let mut check = Check::new(
+        "10b",
+        "10,000 one-line writes to stdout interleaved with 10,000 to stderr (a shell loop of echo builtins: one write(2) each), with --print-stats; a `true` run as the baseline",
+        "every line arrives on its own stream in order, exit 0, peak RSS within 64 MiB of the baseline's",
+    );
+    let after = script(&format!(
+        "$MVM run --print-stats --no-workspace -- true 2>/run/tmp/base.err >/dev/null\n{}\n{LEFTOVERS}",
+        show("base", "/run/tmp/base.err")
+    ));
+    let writes = format!("i=0; while [ $i -lt {N} ]; do echo $i; echo e$i >&2; i=$((i+1)); done");
+    let run = check.run(|| {
+        attack(
+            &Options {
+                after: Some(&after),
+                ..Options::default()
+            },
+            &["--print-stats", "--no-workspace", "--", "sh", "-c", &writes],
+        )
+    });
+    let mut v = Verdict::new();
+    v.saw(format!("exit {}", code(&run)));
+    v.require(run.code == Some(0), "not exit 0");
+    let want_out: Vec<String> = (0..N).map(|i| i.to_string()).collect();
+    let want_err: Vec<String> = (0..N).map(|i| format!("e{i}")).collect();
+    let out: Vec<&str> = run.stdout.lines().collect();
+    let stderr = run.mvm_stderr();
+    let err: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("mvm: ")).collect();
+    let out_ok = out == want_out;
+    let err_ok = err == want_err;
+    v.saw(format!(
+        "stdout {} lines in order: {out_ok}; stderr {} lines in order: {err_ok}",
+        out.len(),
+        err.len()
+    ));
+    v.require(out_ok && err_ok, "lines lost, mixed or out of order");
+    let (base, peak) = (nested_stat(&run, "base", "peak rss"), run.stat("peak rss"));
+    v.saw(format!(
+        "peak RSS {:.0} MiB (baseline {:.0} MiB)",
+        peak.unwrap_or(-1.0) / 1024.0,
+        base.unwrap_or(-1.0) / 1024.0
+    ));
+    match (base, peak) {
+        (Some(base), Some(peak)) => v.require(
+            peak - base < 64.0 * 1024.0,
+            "the VMM's memory grew with the writes",
+        ),
+        _ => v.require(false, "no peak RSS figures"),
+    }
+    require_no_leftovers(&mut v, &run);
+    check.finish(v);
+}
+
+/// A `KEY=STATUS seconds=N` line of an after script: the status and the
+/// seconds (999 when missing).
+fn timed(after: &[&str], key: &str) -> (String, u64) {
+    let line = value(after, key).unwrap_or("? seconds=999");
+    let status = line.split_whitespace().next().unwrap_or("?").to_string();
+    let secs = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("seconds="))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(999);
+    (status, secs)
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_10c_stdin_nobody_reads_is_not_buffered() {
+    const STDIN_BYTES: usize = 32 << 20;
+    let mut check = Check::new(
+        "10c",
+        "a guest that stops reading: 32 MiB of stdin with -i to a command that never reads it (sleep 5), --print-stats; `printf abc | mvm run -i -- cat` on the same host as the control and baseline",
+        "exit 0 after the sleep; peak RSS within 64 MiB of the control's (flow control holds the rest back); the control relays abc",
+    );
+    let after = script(&format!(
+        r#"
+printf abc | $MVM run -i --print-stats --no-workspace -- cat >/run/tmp/ctl.out 2>/run/tmp/ctl.err
+echo "control_status=$? output=$(cat /run/tmp/ctl.out)"
+{}
+{LEFTOVERS}
+"#,
+        show("control", "/run/tmp/ctl.err"),
+    ));
+    let input = vec![b'x'; STDIN_BYTES];
+    let run = check.run(|| {
+        attack(
+            &Options {
+                stdin: &input,
+                after: Some(&after),
+                ..Options::default()
+            },
+            &["-i", "--print-stats", "--no-workspace", "--", "sleep", "5"],
+        )
+    });
+    let mut v = Verdict::new();
+    let after = run.after_lines();
+    v.saw(format!(
+        "exit {}; mvm said: {}",
+        code(&run),
+        excerpt(&mvm_says(&run), 120)
+    ));
+    v.require(run.code == Some(0), "the run did not exit 0");
+    let (base, peak) = (
+        nested_stat(&run, "control", "peak rss"),
+        run.stat("peak rss"),
+    );
+    v.saw(format!(
+        "peak RSS {:.0} MiB (control {:.0} MiB)",
+        peak.unwrap_or(-1.0) / 1024.0,
+        base.unwrap_or(-1.0) / 1024.0
+    ));
+    match (base, peak) {
+        (Some(base), Some(peak)) => v.require(
+            peak - base < 64.0 * 1024.0,
+            "the VMM buffered the unread stdin",
+        ),
+        _ => v.require(false, "no peak RSS figures"),
+    }
+    let control = value(&after, "control_status").unwrap_or("?");
+    v.saw(format!("control: {control}"));
+    v.require(
+        control == "0 output=abc",
+        "stdin forwarding itself failed (control)",
+    );
+    require_no_leftovers(&mut v, &run);
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_10d_stdin_that_never_closes() {
+    let mut check = Check::new(
+        "10d",
+        "stdin that never closes (a FIFO whose writer sleeps), with -i, on the test host: to `true`, and to `cat` with --timeout 5; the harness's own call, `-i -- cat` with stdin abc, as the control",
+        "`true` exits 0 at once despite the open stdin; `cat` ends with 124 on time; nothing left running; the control relays abc",
+    );
+    // A FIFO held open by a sleeping writer: stdin that never ends, which
+    // the wrapper (it reads stdin to its end first) cannot give mvm.
+    let after = script(&format!(
+        r#"
+mkfifo /run/tmp/in
+sleep 300 >/run/tmp/in &
+writer=$!
+t0=$(date +%s)
+$MVM run {extra} -i --no-workspace -- true </run/tmp/in >/dev/null 2>/run/tmp/true.err
+echo "true_status=$? seconds=$(( $(date +%s) - t0 ))"
+{}
+t0=$(date +%s)
+$MVM run {extra} -i --no-workspace --timeout 5 -- cat </run/tmp/in >/dev/null 2>/run/tmp/cat.err
+echo "cat_status=$? seconds=$(( $(date +%s) - t0 ))"
+{}
+kill $writer
+{LEFTOVERS}
+"#,
+        show("true", "/run/tmp/true.err"),
+        show("cat", "/run/tmp/cat.err"),
+        extra = crate::battery::extra_args().join(" "),
+    ));
+    let run = check.run(|| {
+        control(
+            &Options {
+                stdin: b"abc",
+                after: Some(&after),
+                ..Options::default()
+            },
+            &["-i", "--no-workspace", "--", "cat"],
+        )
+    });
+    let mut v = Verdict::new();
+    let after = run.after_lines();
+    v.saw(format!(
+        "control: exit {}, output {:?}",
+        code(&run),
+        run.stdout
+    ));
+    v.require(
+        run.code == Some(0) && run.stdout == "abc",
+        "stdin forwarding itself failed (control)",
+    );
+    let (t_status, t_secs) = timed(&after, "true_status");
+    let (c_status, c_secs) = timed(&after, "cat_status");
+    v.saw(format!(
+        "`true` exit {t_status} in {t_secs} s, `cat --timeout 5` exit {c_status} in {c_secs} s"
+    ));
+    v.require(
+        t_status == "0" && t_secs < 30,
+        "`true` did not end promptly",
+    );
+    v.require(
+        c_status == "124" && c_secs < 30,
+        "--timeout did not end `cat`",
+    );
+    require_no_leftovers(&mut v, &run);
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_10e_a_command_ignoring_sigterm_is_still_ended() {
+    let mut check = Check::new(
+        "10e",
+        "a command ignoring TERM, INT and HUP: mvm sent SIGTERM after 6 s; then the same command under --timeout 4 on the same host",
+        "SIGTERM: exit 143 after the 5 s grace ('stopped by signal 15'); --timeout: exit 124 on time; nothing left running",
+    );
+    let stubborn = "trap '' TERM INT HUP; sleep 120";
+    let after = script(&format!(
+        r#"
+t0=$(date +%s)
+$MVM run {extra} --timeout 4 --no-workspace -- sh -c "{stubborn}" >/dev/null 2>/run/tmp/t.err
+echo "timeout_status=$? seconds=$(( $(date +%s) - t0 ))"
+{LEFTOVERS}
+"#,
+        extra = crate::battery::extra_args().join(" "),
+    ));
+    let started = Instant::now();
+    let run = check.run(|| {
+        attack(
+            &Options {
+                signal: Some("TERM 6"),
+                after: Some(&after),
+                ..Options::default()
+            },
+            &[
+                "--no-workspace",
+                "--timeout",
+                "80",
+                "--",
+                "sh",
+                "-c",
+                stubborn,
+            ],
+        )
+    });
+    let mut v = Verdict::new();
+    let secs = started.elapsed().as_secs();
+    let said = run.mvm_stderr().contains("stopped by signal 15");
+    v.saw(format!(
+        "SIGTERM: exit {} after {secs} s (test host included), 'stopped by signal 15': {said}",
+        code(&run)
+    ));
+    v.require(
+        run.code == Some(143) && said,
+        "not ended by the SIGTERM grace",
+    );
+    v.require(secs < 70, "SIGTERM did not end it before --timeout would");
+    let after = run.after_lines();
+    let (status, t_secs) = timed(&after, "timeout_status");
+    v.saw(format!("--timeout 4: exit {status} in {t_secs} s"));
+    v.require(
+        status == "124" && t_secs < 30,
+        "--timeout did not fire on time",
+    );
+    require_no_leftovers(&mut v, &run);
+    check.finish(v);
+}
