@@ -200,6 +200,18 @@ pub fn attack(options: &Options, args: &[&str]) -> Run {
     mvm_with(options, &full)
 }
 
+/// [`attack`] with a setup and an after script on the host, the common case.
+pub fn attack_scripted(setup: &str, after: &str, args: &[&str]) -> Run {
+    attack(
+        &Options {
+            setup: Some(setup),
+            after: Some(after),
+            ..Options::default()
+        },
+        args,
+    )
+}
+
 /// `mvm run ARGS` as given: a control, which must not be weakened.
 pub fn control(options: &Options, args: &[&str]) -> Run {
     let mut full = vec!["run"];

@@ -5,7 +5,9 @@
 
 use mvm_e2e::{Options, Run};
 
-use crate::battery::{attack, code, excerpt, mvm_says, script, value, Check, Verdict};
+use crate::battery::{
+    attack, attack_scripted, code, excerpt, mvm_says, script, value, Check, Verdict,
+};
 
 /// The kernel's identity, as `key=value` lines, on whichever side runs it.
 const IDENTITY: &str = r#"
@@ -134,12 +136,9 @@ fn check_9b_a_guest_kernel_panic_ends_only_that_vm() {
     );
     let (setup, after) = (host_identity_before(), host_survives());
     let run = check.run(|| {
-        attack(
-            &Options {
-                setup: Some(&setup),
-                after: Some(&after),
-                ..Options::default()
-            },
+        attack_scripted(
+            &setup,
+            &after,
             &[
                 "--root",
                 "--no-workspace",
@@ -180,12 +179,9 @@ fn check_9c_a_guest_reboot_ends_only_that_vm() {
          echo user_reboot_status=$?; sed 's/^/user reboot: /' /run/tmp/user.err | head -n 2"
     );
     let run = check.run(|| {
-        attack(
-            &Options {
-                setup: Some(&setup),
-                after: Some(&after),
-                ..Options::default()
-            },
+        attack_scripted(
+            &setup,
+            &after,
             &[
                 "--root",
                 "--no-workspace",

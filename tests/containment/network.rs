@@ -2,9 +2,7 @@
 //! no IP stack; the only host/guest channel is vsock, opened by the host,
 //! and the VMM refuses every connection the guest starts.
 
-use mvm_e2e::Options;
-
-use crate::battery::{attack, attacker, code, excerpt, script, Check, Verdict};
+use crate::battery::{attack_scripted, attacker, code, excerpt, script, Check, Verdict};
 
 /// vsock ports the guest tries on the host (CID 2): the agent's own port,
 /// its neighbours, and some a host might serve.
@@ -55,16 +53,7 @@ true
 "#,
         vsock.join("\n")
     );
-    let run = check.run(|| {
-        attack(
-            &Options {
-                setup: Some(&setup),
-                after: Some(&after),
-                ..Options::default()
-            },
-            &["--", "sh", "-c", &guest],
-        )
-    });
+    let run = check.run(|| attack_scripted(&setup, &after, &["--", "sh", "-c", &guest]));
     let mut v = Verdict::new();
     let out = &run.stdout;
     v.saw(format!("exit {}", code(&run)));

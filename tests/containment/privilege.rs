@@ -7,7 +7,9 @@ use std::os::unix::fs::PermissionsExt;
 
 use mvm_e2e::{caller_uid, repo_root, Options, Run};
 
-use crate::battery::{attack, attacker, code, control, excerpt, script, Check, Verdict};
+use crate::battery::{
+    attack, attack_scripted, attacker, code, control, excerpt, script, Check, Verdict,
+};
 
 /// A setuid copy of the attacker, owned by root where the battery runs as
 /// root (the test host sees this machine's owner and mode through 9p).
@@ -262,12 +264,9 @@ fi
 "#,
     );
     let run = check.run(|| {
-        attack(
-            &Options {
-                setup: Some(&setup),
-                after: Some(&after),
-                ..Options::default()
-            },
+        attack_scripted(
+            &setup,
+            &after,
             &[
                 "--workspace",
                 "/run/tmp/ws",

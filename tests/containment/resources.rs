@@ -15,7 +15,8 @@ use std::time::Instant;
 use mvm_e2e::{stat_in, Options, Run};
 
 use crate::battery::{
-    attack, attacker, code, control, excerpt, mvm_says, number, script, value, Check, Verdict,
+    attack, attack_scripted, attacker, code, control, excerpt, mvm_says, number, script, value,
+    Check, Verdict,
 };
 
 /// Starts a sampler on the host: `probe` (shell printing one number) every
@@ -104,16 +105,8 @@ done
 exit 0
 "#;
     let started = Instant::now();
-    let run = check.run(|| {
-        attack(
-            &Options {
-                setup: Some(&setup),
-                after: Some(&after),
-                ..Options::default()
-            },
-            &["--timeout", "80", "--", "sh", "-c", bomb],
-        )
-    });
+    let run =
+        check.run(|| attack_scripted(&setup, &after, &["--timeout", "80", "--", "sh", "-c", bomb]));
     let mut v = Verdict::new();
     let secs = started.elapsed().as_secs();
     v.saw(format!("exit {} after {secs} s", code(&run)));
@@ -167,12 +160,9 @@ fn check_5_a_memory_bomb_is_bounded_by_the_vm_size() {
     let after = script(&format!("{SAMPLES}\n{LEFTOVERS}"));
     let started = Instant::now();
     let run = check.run(|| {
-        attack(
-            &Options {
-                setup: Some(&setup),
-                after: Some(&after),
-                ..Options::default()
-            },
+        attack_scripted(
+            &setup,
+            &after,
             &[
                 "--memory",
                 "256M",
