@@ -40,7 +40,9 @@ pub enum Error {
     Socket(String, io::Error),
     #[error("cannot create the virtiofsd log {0}: {1}")]
     Log(String, io::Error),
-    #[error("cannot start virtiofsd ({0}): {1}")]
+    #[error(
+        "cannot start virtiofsd ({0}): {1}: run 'make', or pass --virtiofsd PATH or --no-workspace"
+    )]
     Spawn(String, io::Error),
     #[error("cannot build virtiofsd's set-user-ID filter: {0}")]
     Filter(String),
