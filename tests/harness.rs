@@ -7,6 +7,7 @@
 //! plain `cargo test`; `make e2e` (part of `make test`) runs them with
 //! `--ignored`.
 
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -20,6 +21,43 @@ pub fn repo_root() -> PathBuf {
 
 pub fn build_dir() -> PathBuf {
     repo_root().join("build")
+}
+
+/// The variable that lets a test that cannot run here pass as skipped
+/// instead of failing (docs/testing.md): `MVM_ALLOW_SKIPS=1`.
+pub const ALLOW_SKIPS: &str = "MVM_ALLOW_SKIPS";
+
+/// Where tests note what `make test`'s summary counts (skips, retries): one
+/// line per event in `target/test-events/KIND.log`.
+pub fn events_dir() -> PathBuf {
+    repo_root().join("target/test-events")
+}
+
+/// Notes an event for the summary and says so on this process's real
+/// stderr: not through `eprintln!`, which libtest swallows for a passing
+/// test, so a skip or a retry shows in the run's output either way.
+pub fn note_event(kind: &str, line: &str) {
+    let _ = writeln!(std::io::stderr(), "{}: {line}", kind.to_uppercase());
+    let dir = events_dir();
+    let _ = fs::create_dir_all(&dir);
+    if let Ok(mut f) = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{kind}.log")))
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// A test that cannot run here: fails, unless `MVM_ALLOW_SKIPS=1` says a
+/// skip is acceptable, in which case the skip is noted for the summary and
+/// the caller returns. Never for something only an mvm bug would cause.
+pub fn skip_or_fail(test: &str, why: &str) {
+    if std::env::var(ALLOW_SKIPS).as_deref() == Ok("1") {
+        note_event("skip", &format!("{test}: {why}"));
+    } else {
+        panic!("{test} cannot run here: {why} (set {ALLOW_SKIPS}=1 to skip it explicitly)");
+    }
 }
 
 pub struct Run {
@@ -70,6 +108,19 @@ impl Run {
         stat_in(&self.stderr, name)
     }
 
+    /// Seconds from the test host's signal (`Options::signal`) to mvm's
+    /// exit, both taken on the test host's clock: the wrapper's
+    /// `signal: sent at S s, mvm exited at E s` line. `None` without one
+    /// (no signal was sent, or not through the QEMU test host).
+    pub fn signal_to_exit(&self) -> Option<f64> {
+        let line = wrapper_lines(&self.stderr, "signal: sent at ")
+            .into_iter()
+            .next()?;
+        let (sent, exited) = line.split_once(" s, mvm exited at ")?;
+        let exited = exited.strip_suffix(" s")?;
+        Some(exited.trim().parse::<f64>().ok()? - sent.trim().parse::<f64>().ok()?)
+    }
+
     /// The wrapper's first line: how mvm ran ("hardware KVM, running
     /// directly" or "no hardware virtualization (...), running inside the
     /// QEMU TCG test host").
@@ -117,8 +168,12 @@ pub fn wrapper_lines<'a>(stderr: &'a str, kind: &str) -> Vec<&'a str> {
 pub struct Options<'a> {
     /// mvm's stdin (read to its end before the test host starts).
     pub stdin: &'a [u8],
-    /// `MVM_TESTHOST_SIGNAL`: "TERM 8" has the test host send mvm SIGTERM
-    /// 8 s after it starts, as a user or supervisor would.
+    /// `MVM_TESTHOST_SIGNAL`: "TERM @ready" has the test host send mvm
+    /// SIGTERM as soon as a line `ready` is in mvm's stdout (the command
+    /// printed it), as a user or supervisor would; "TERM 8" 8 s after mvm
+    /// starts; "KILL @ready virtiofsd" kills every virtiofsd instead.
+    /// Prefer a marker: a fixed time assumes how fast the guest boots.
+    /// `Run::signal_to_exit` then gives the time from signal to exit.
     pub signal: Option<&'a str>,
     /// Call the wrapper as the unprivileged `nobody` (util-linux's setpriv;
     /// only root can switch users, anyone else already is unprivileged):
@@ -153,8 +208,8 @@ pub fn mvm(args: &[&str], stdin: &[u8]) -> Run {
     )
 }
 
-/// As `mvm`, with the test host sending mvm `signal` ("TERM 8": SIGTERM
-/// 8 s after it starts), as a user or supervisor would.
+/// As `mvm`, with the test host sending mvm `signal` ("TERM @ready":
+/// SIGTERM once the command printed a line `ready`; see `Options::signal`).
 pub fn mvm_signalled(args: &[&str], stdin: &[u8], signal: Option<&str>) -> Run {
     mvm_with(
         &Options {
@@ -183,19 +238,28 @@ pub fn mvm_as_nobody(args: &[&str]) -> Run {
 /// checks that mvm left nothing behind. Every other call goes through here.
 ///
 /// One retry, loudly, for one failure only: the test host itself hung
-/// (the wrapper's own timeout, nothing at all from mvm). That is the
-/// nested-KVM-under-TCG environment, not mvm (docs/testing.md); a real mvm
-/// bug shows up on the second try too, or as output, a status, a message.
+/// (the wrapper saw its heartbeat stop, or it never came up). That is the
+/// nested-KVM-under-TCG environment, not mvm (docs/testing.md). An mvm
+/// that does not finish while the test host keeps beating is not retried:
+/// the wrapper says "mvm did not finish" and shows its output so far. The
+/// retry is printed on the real stderr and noted for `make test`'s summary.
 pub fn mvm_with(options: &Options, args: &[&str]) -> Run {
     let run = mvm_once(options, args);
-    if run.code == Some(125)
-        && run.stdout.is_empty()
-        && run.stderr.contains("the test host did not finish within")
-    {
-        eprintln!("RETRY {args:?}: the test host hung before mvm said anything");
+    if let Some(why) = testhost_hang(&run) {
+        note_event("retry", &format!("{args:?}: {why}"));
         return mvm_once(options, args);
     }
     run
+}
+
+/// The wrapper's words when the test host itself hung (not mvm).
+pub fn testhost_hang(run: &Run) -> Option<&str> {
+    if run.code != Some(125) {
+        return None;
+    }
+    wrapper_lines(&run.stderr, "the test host hung: ")
+        .into_iter()
+        .next()
 }
 
 fn mvm_once(options: &Options, args: &[&str]) -> Run {
@@ -255,7 +319,9 @@ fn mvm_once(options: &Options, args: &[&str]) -> Run {
     );
     // SIGKILL skips mvm's cleanup, so its session directory stays (the
     // next run sweeps it); processes left alive are a bug even then.
-    let killed = options.signal.is_some_and(|s| s.starts_with("KILL"));
+    let killed = options
+        .signal
+        .is_some_and(|s| s.starts_with("KILL") && !s.ends_with("virtiofsd"));
     let leftovers: Vec<&str> = wrapper_lines(&run.stderr, "mvm left behind: ")
         .into_iter()
         .filter(|what| !(killed && what.starts_with("/run/tmp/mvm-")))

@@ -10,8 +10,10 @@
 #   mvmio     -> /io    per-call dir: argv (NUL-separated), env (NUL-separated
 #                       NAME=VALUE), cwd, uid, gid, stdin, signal and, if
 #                       given, setup and after (shell scripts); we write
-#                       stdout, stderr, leftovers, setup.out/setup.status,
-#                       after.out/after.status and, last, status
+#                       heartbeat (every second), mvm.started, stdout,
+#                       stderr, signal.at and exit.at (uptimes), leftovers,
+#                       setup.out/setup.status, after.out/after.status and,
+#                       last, status
 #   workspace -> the caller's cwd, mounted at the same absolute path so the
 #                paths mvm is given mean the same thing here
 # /io/stdout and /io/stderr get only mvm's own output: everything this script
@@ -89,6 +91,12 @@ while [ ! -c /dev/kvm ]; do
 done
 log "/dev/kvm ready at $(cut -d' ' -f1 /proc/uptime) s uptime"
 
+# A heartbeat for the wrapper: this machine's uptime, rewritten every
+# second. A test host that hangs (QEMU gone idle, seen under nested KVM)
+# stops it, and the wrapper, watching it from outside, says so at once
+# instead of waiting out its timeout; one that is merely slow keeps it going.
+(while :; do cut -d' ' -f1 /proc/uptime >/io/heartbeat; sleep 1; done) </dev/null >/dev/null 2>&1 &
+
 # argv: one NUL-terminated argument each, kept byte for byte (spaces,
 # newlines, quotes, empty arguments).
 set --
@@ -137,17 +145,41 @@ if [ -f /io/setup ]; then
 fi
 
 log "running mvm ($# words, uid $uid gid $gid) in $cwd"
+: >/io/mvm.started
 "$@" </io/stdin >/io/stdout 2>/io/stderr &
 mvm_pid=$!
-# A signal for mvm, as a user would send one (MVM_TESTHOST_SIGNAL="TERM 3"
-# in the wrapper: SIGTERM after 3 s), to test forwarding and teardown.
+# A signal, as a user or supervisor would send one (MVM_TESTHOST_SIGNAL in
+# the wrapper: "SIG WHEN [virtiofsd]"). WHEN is a number of seconds after
+# mvm started, or @MARKER: as soon as a line MARKER is in mvm's stdout, so
+# that a test waits for its command to be ready rather than for a time
+# (given up after 300 s or when mvm is gone). The target is mvm, or every
+# virtiofsd process. The uptime it went at is kept for the wrapper.
 if [ -s /io/signal ]; then
-    read -r sig delay </io/signal
-    (sleep "$delay" && kill -"$sig" "$mvm_pid") &
+    read -r sig when target </io/signal
+    (
+        case $when in
+        @*)
+            i=0
+            until grep -qxF -e "${when#@}" /io/stdout 2>/dev/null; do
+                kill -0 "$mvm_pid" 2>/dev/null && [ $i -lt 3000 ] || exit 0
+                sleep 0.1
+                i=$((i + 1))
+            done
+            ;;
+        *) sleep "$when" ;;
+        esac
+        cut -d' ' -f1 /proc/uptime >/io/signal.at
+        if [ "$target" = virtiofsd ]; then
+            killall -"$sig" virtiofsd
+        else
+            kill -"$sig" "$mvm_pid"
+        fi
+    ) </dev/null >/dev/null 2>&1 &
 fi
 wait "$mvm_pid"
 status=$?
-log "mvm exited with status $status at $(cut -d' ' -f1 /proc/uptime) s uptime"
+cut -d' ' -f1 /proc/uptime >/io/exit.at
+log "mvm exited with status $status at $(cat /io/exit.at) s uptime"
 
 # Whatever mvm left behind is a bug: session directories (with their
 # sockets) under the runtime base, or live (not zombie: those are orphans
