@@ -2,7 +2,7 @@
 //! `mvm`, through the test host where this machine's /dev/kvm cannot run
 //! Linux.
 
-use mvm_e2e::{guest_kernel_release, mvm};
+use mvm_e2e::{guest_kernel_release, mvm, mvm_with, Options};
 
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
@@ -44,15 +44,37 @@ fn run_exits_with_the_commands_status() {
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn run_sees_the_guest_kernel_not_the_hosts() {
-    let run = mvm(&["run", "--", "uname", "-r"], b"");
-    assert_eq!(run.code, Some(0));
-    let release = guest_kernel_release();
-    assert!(
-        run.stdout.lines().any(|l| l.trim() == release),
-        "guest uname -r should print {release}"
+    // The release alone cannot tell the guest from the test host: both run
+    // a kernel built from the same source. A boot id is per kernel
+    // instance, so the command's must differ from the one of the machine
+    // mvm ran on (its setup script reads it) and from this machine's.
+    const BOOT_ID: &str = "cat /proc/sys/kernel/random/boot_id";
+    let run = mvm_with(
+        &Options {
+            setup: Some(BOOT_ID),
+            ..Options::default()
+        },
+        &["run", "--", "sh", "-c", &format!("uname -r; {BOOT_ID}")],
     );
-    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    assert_ne!(host.trim(), release, "host and guest kernels must differ");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let release = guest_kernel_release();
+    let out: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(out.len(), 2, "uname -r and a boot id: {out:?}");
+    assert_eq!(out[0], release, "guest uname -r should print {release}");
+    let guest_boot = out[1];
+    let host_boot = run.setup_lines().first().copied().unwrap_or_default();
+    let this_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(guest_boot.len(), 36, "a boot id: {guest_boot:?}");
+    assert_eq!(host_boot.len(), 36, "the host's boot id: {host_boot:?}");
+    assert_ne!(
+        guest_boot, host_boot,
+        "the command ran on the host mvm ran on, not in a guest"
+    );
+    assert_ne!(
+        guest_boot,
+        this_boot.trim(),
+        "the command ran on this machine, not in a guest"
+    );
 }
 
 #[test]
@@ -122,10 +144,24 @@ fn cpus_and_memory_reach_the_guest() {
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn poweroff_and_reboot_in_the_guest_end_the_vm_cleanly() {
     // busybox signals PID 1 for these; guest-init ends the command and
-    // stops the VM as after any command.
+    // stops the VM as after any command. Were the request ignored, the
+    // shell would read on, and at end of input exit 0 all the same: so the
+    // next line, which must never run, prints a marker after a pause long
+    // enough for the request to have ended the VM (the tty echoes the line
+    // itself, hence the arithmetic: only running it prints 42-lingered).
     for command in ["poweroff", "reboot"] {
-        let input = format!("{command}\n");
+        let input = format!("{command}\nsleep 20; echo $((6 * 7))-lingered\n");
         let run = mvm(&["boot", "--timeout", "60"], input.as_bytes());
         assert_eq!(run.code, Some(0), "{command} ends the VM with 0");
+        assert!(
+            !run.stdout.contains("42-lingered"),
+            "the guest kept running after {command}: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("mvm-init: ready"),
+            "the shell was reached: {}",
+            run.stdout
+        );
     }
 }
