@@ -7,7 +7,7 @@
 //! afterwards with an after script, so what is checked is the host's view,
 //! not the guest's.
 
-use mvm_e2e::{caller_uid, mvm_with, Options, Run};
+use mvm_e2e::{caller_uid, mvm_with, skip_or_fail, Options, Run};
 
 /// A fresh workspace with one file, and a directory beside it (outside the
 /// share) holding a secret.
@@ -86,15 +86,29 @@ fn write_creates_files_owned_by_the_caller_with_their_modes() {
     assert!(lines.contains(&"x"), "{lines:?}");
 }
 
+/// A marker in the host's /etc/shadow, where we may write it: a root
+/// caller in the test host, whose root is a throwaway tmpfs. The setup
+/// prints what the file then holds, so that a test knows it was planted.
+const PLANT_SHADOW: &str = "if [ \"$(id -u)\" = 0 ] && [ -f /io/argv ]; then \
+     echo HOST-SHADOW >/etc/shadow; fi; echo \"host shadow: $(cat /etc/shadow 2>/dev/null)\"";
+
+/// Whether the setup's `PLANT_SHADOW` did plant the marker; a skip (or a
+/// failure) where it cannot.
+fn shadow_planted(run: &Run, test: &str) -> bool {
+    if run.setup_lines().contains(&"host shadow: HOST-SHADOW") {
+        return true;
+    }
+    skip_or_fail(
+        test,
+        "the HOST-SHADOW marker needs a root caller and the QEMU test host",
+    );
+    false
+}
+
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn guest_sees_its_own_root_plus_the_mounts_never_the_hosts_files() {
-    // A marker in the host's /etc/shadow when we may write it (root
-    // caller in the test host, whose root is a throwaway tmpfs).
-    let setup = format!(
-        "{FRESH} && if [ \"$(id -u)\" = 0 ] && [ -f /io/argv ]; then \
-         echo HOST-SHADOW >/etc/shadow; fi"
-    );
+    let setup = format!("{FRESH} && {PLANT_SHADOW}");
     let run = run_in_workspace(
         &setup,
         "true",
@@ -109,6 +123,10 @@ fn guest_sees_its_own_root_plus_the_mounts_never_the_hosts_files() {
         ],
     );
     assert_eq!(run.code, Some(0), "{}", run.stderr);
+    shadow_planted(
+        &run,
+        "guest_sees_its_own_root_plus_the_mounts_never_the_hosts_files",
+    );
     assert!(!run.stdout.contains("HOST-SHADOW"), "{}", run.stdout);
     let root: Vec<&str> = run
         .stdout
@@ -138,6 +156,35 @@ fn guest_sees_its_own_root_plus_the_mounts_never_the_hosts_files() {
         mounts[1].starts_with("mvm1 /data virtiofs ro,"),
         "{mounts:?}"
     );
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn the_host_shadow_marker_shows_when_the_hosts_etc_is_shared() {
+    // Positive control for the test above: the marker is there and the
+    // guest's `cat` does print it once the host's /etc is deliberately
+    // shared, so its absence above is the sandbox's doing.
+    let setup = format!("{FRESH} && {PLANT_SHADOW}");
+    let run = run_in_workspace(
+        &setup,
+        "true",
+        false,
+        &[
+            "--mount",
+            "/etc:/hostetc",
+            "--",
+            "sh",
+            "-c",
+            "cat /hostetc/shadow 2>&1",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    if shadow_planted(
+        &run,
+        "the_host_shadow_marker_shows_when_the_hosts_etc_is_shared",
+    ) {
+        assert_eq!(run.stdout, "HOST-SHADOW\n", "{}", run.stderr);
+    }
 }
 
 #[test]
@@ -246,36 +293,88 @@ fn device_nodes_can_neither_be_made_nor_opened() {
     );
 }
 
+/// The flip for the symlink race: on the host, d alternates between a real
+/// directory (secret: INSIDE) and a symlink to the outside directory
+/// (`../outside`: on the host that is /run/tmp/outside, in the guest
+/// /outside, where nothing is unless a test mounts it) until
+/// the after script stops it, counting its rounds; it runs for the whole
+/// of mvm's run, whatever the guest's speed.
+const FLIPPER: &str = "cd /run/tmp/ws && mkdir real && echo INSIDE >real/secret && \
+     ln -s ../outside link && mv real d && \
+     (i=0; while [ ! -e /run/tmp/stop ]; do \
+        mv d real; mv link d; mv d link; mv real d; i=$((i+1)); echo $i >/run/tmp/flips; done) \
+        >/dev/null 2>&1 </dev/null &";
+
+/// Stops the flipper and says how far it got, and that it was still going.
+const FLIPS: &str = "echo \"flipping: $(cat /run/tmp/flips)\"; touch /run/tmp/stop; sleep 0.5; \
+     echo \"flips: $(cat /run/tmp/flips)\"";
+
+/// Reads d/secret over and over in the guest, counting each outcome.
+const READER: &str = "i=0; while [ $i -lt 300 ]; do \
+     cat d/secret 2>/dev/null || echo FAILED; i=$((i+1)); done | sort | uniq -c";
+
+/// The count of `what` lines in the reader's `uniq -c` output.
+fn reads(stdout: &str, what: &str) -> u32 {
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_suffix(what)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn swapping_a_directory_for_a_symlink_during_lookups_never_escapes() {
-    // On the host, d flips between a real directory (secret: INSIDE) and a
-    // symlink to the outside directory while the guest reads d/secret over
-    // and over. Every read sees INSIDE or fails; none sees the outside.
-    let setup = format!(
-        "{FRESH} && cd /run/tmp/ws && mkdir real && echo INSIDE >real/secret && \
-         ln -s /run/tmp/outside link && mv real d && \
-         (i=0; while [ $i -lt 3000 ]; do \
-            mv d real; mv link d; mv d link; mv real d; i=$((i+1)); done) \
-            >/dev/null 2>&1 </dev/null &"
+    // Every read sees INSIDE or fails (the symlink resolves in the guest,
+    // to a /outside that does not exist there); none sees the outside.
+    let setup = format!("{FRESH} && rm -f /run/tmp/stop && {FLIPPER}");
+    let run = run_in_workspace(&setup, FLIPS, false, &["--", "sh", "-c", READER]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(!run.stdout.contains("OUTSIDE"), "{}", run.stdout);
+    // The race ran: the guest saw both states while the host kept flipping.
+    let (inside, failed) = (reads(&run.stdout, "INSIDE"), reads(&run.stdout, "FAILED"));
+    assert!(
+        inside > 0 && failed > 0,
+        "the guest did not see both states (INSIDE {inside}, failed {failed}): {}",
+        run.stdout
     );
+    let after = run.after_lines();
+    let flips = |key: &str| {
+        after
+            .iter()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        flips("flips: ") > flips("flipping: ") && flips("flipping: ") > 0,
+        "the flipper was not running until the end: {after:?}"
+    );
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn the_symlink_race_would_show_a_reachable_outside() {
+    // Positive control for the test above: the same race and reader, but
+    // the outside directory shared at the path the symlink names in the
+    // guest, so following it does reach it: the reader must then see it.
+    let setup = format!("{FRESH} && rm -f /run/tmp/stop && {FLIPPER}");
     let run = run_in_workspace(
         &setup,
-        "true",
+        FLIPS,
         false,
         &[
+            "--mount",
+            "/run/tmp/outside:/outside",
             "--",
             "sh",
             "-c",
-            "i=0; while [ $i -lt 300 ]; do cat d/secret 2>/dev/null; i=$((i+1)); done \
-             | sort | uniq -c",
+            READER,
         ],
     );
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert!(!run.stdout.contains("OUTSIDE"), "{}", run.stdout);
     assert!(
-        run.stdout.contains("INSIDE"),
-        "the race never ran: {}",
+        reads(&run.stdout, "OUTSIDE-SECRET") > 0,
+        "the reader never saw the outside through the symlink: {}",
         run.stdout
     );
 }
@@ -313,15 +412,25 @@ fn killing_mvm_leaves_no_virtiofsd_behind() {
     let run = mvm_with(
         &Options {
             setup: Some(FRESH),
-            signal: Some("KILL 4"),
+            signal: Some("KILL @ready"),
+            // The test host's own leftover check has already waited for
+            // helpers to go; this looks again, by name.
             after: Some(
-                "sleep 1; for p in /proc/[0-9]*; do \
+                "for p in /proc/[0-9]*; do \
                  [ \"$(cat $p/comm 2>/dev/null)\" = virtiofsd ] && echo \"alive ${p#/proc/}\"; \
                  done; echo checked",
             ),
             ..Options::default()
         },
-        &["run", "--workspace", "/run/tmp/ws", "--", "sleep", "60"],
+        &[
+            "run",
+            "--workspace",
+            "/run/tmp/ws",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; sleep 60",
+        ],
     );
     assert_eq!(run.code, Some(137), "{}", run.stderr);
     assert_eq!(run.after_lines(), ["checked"]);
@@ -354,17 +463,31 @@ fn a_share_guest_init_cannot_mount_fails_the_run_with_its_reason() {
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn a_backend_that_dies_stops_the_vm_with_its_own_error() {
-    // virtiofsd killed while the guest runs: file operations would wait
-    // forever, so mvm stops the VM and says why (exit 123).
-    let setup =
-        format!("{FRESH} && (sleep 5; killall -KILL virtiofsd) >/dev/null 2>&1 </dev/null &");
-    let run = run_in_workspace(
-        &setup,
-        "true",
-        false,
-        &["--", "sh", "-c", "sleep 30; cat f"],
+    // virtiofsd killed while the guest runs (once the command says it has
+    // started): file operations would wait forever, so mvm stops the VM
+    // and says why (exit 123), well before the command would end.
+    let run = mvm_with(
+        &Options {
+            setup: Some(FRESH),
+            after: Some("true"),
+            signal: Some("KILL @ready virtiofsd"),
+            ..Options::default()
+        },
+        &[
+            "run",
+            "--workspace",
+            "/run/tmp/ws",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; sleep 30; cat f",
+        ],
     );
     assert_eq!(run.code, Some(123), "{}", run.stderr);
+    let stopped = run
+        .signal_to_exit()
+        .unwrap_or_else(|| panic!("no signal timing from the test host: {}", run.stderr));
+    assert!(stopped < 25.0, "mvm stopped {stopped:.1} s after the kill");
     assert!(
         run.mvm_stderr()
             .contains("the virtio-fs backend (virtiofsd) closed its connection"),
