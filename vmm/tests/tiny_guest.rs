@@ -6,7 +6,8 @@
 //! emulates guest kernel code at ~2 us per instruction, so a Linux guest
 //! cannot boot here (docs/testing.md); a guest of twenty instructions runs
 //! fine. The Linux boot is covered by the end-to-end tests through the
-//! test host. These tests skip, saying why, where /dev/kvm cannot be opened.
+//! test host. Where /dev/kvm cannot be opened these tests fail, or skip
+//! with `MVM_ALLOW_SKIPS=1` (docs/testing.md).
 
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};

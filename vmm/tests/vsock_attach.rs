@@ -2,8 +2,10 @@
 //! slot, the kernel parameter, the registers on the MMIO bus, the Unix
 //! socket and its errors. What the guest's driver does with the device is
 //! covered by the device's unit tests (mvm-devices) and, with a Linux
-//! guest, by the end-to-end tests through the test host. These tests skip,
-//! saying why, where /dev/kvm cannot be opened.
+//! guest, by the end-to-end tests through the test host. Where /dev/kvm
+//! cannot be opened these tests fail, or skip with `MVM_ALLOW_SKIPS=1`.
+
+mod common;
 
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
@@ -27,14 +29,7 @@ struct Attached {
 /// Attaches one vsock device per (CID, socket path) to a fresh VM; None
 /// when /dev/kvm cannot be used here.
 fn attach(devices: &[(u64, &Path)]) -> Option<Attached> {
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        eprintln!("SKIP: /dev/kvm unusable ({e}); these tests need KVM");
-        return None;
-    }
+    common::kvm_or_skip("vsock_attach")?;
     let kvm = vm::open_kvm().unwrap();
     let vm = vm::create_vm(&kvm).unwrap();
     let mem = memory::create(64 << 20, memory::Backing::Private).unwrap();
