@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use mvm_e2e::{mvm_with, repo_root, Options, Run};
+use mvm_e2e::{mvm_with, note_event, repo_root, Options, Run, ALLOW_SKIPS};
 
 /// Where the rows go, one JSON object a line; `make battery` empties it
 /// first and `tests/containment/report.py` turns it into the table.
@@ -18,6 +18,34 @@ pub fn rows_path() -> PathBuf {
     std::env::var_os("MVM_BATTERY_ROWS")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target/containment/rows.jsonl"))
+}
+
+/// Where a piece of a check's evidence comes from; the report states it
+/// per row rather than claiming one kind for all.
+#[derive(Clone, Copy)]
+pub enum Source {
+    /// The machine mvm ran on, looked at by the setup and after scripts:
+    /// files, processes, memory, its clock and boot id.
+    Host,
+    /// mvm itself: its exit status, its messages, `--print-stats`, and the
+    /// bytes it let out of the VM.
+    Mvm,
+    /// The sandboxed command's own report of what it saw or what it got
+    /// (its uid, its errors, its counts): the guest's word.
+    Guest,
+    /// The real host-side code run in this process against a fake peer.
+    InProcess,
+}
+
+impl Source {
+    fn name(self) -> &'static str {
+        match self {
+            Source::Host => "host",
+            Source::Mvm => "mvm",
+            Source::Guest => "guest",
+            Source::InProcess => "in-process",
+        }
+    }
 }
 
 /// One check's report row. `finish` writes it and then fails the test if
@@ -28,6 +56,8 @@ pub struct Check {
     id: &'static str,
     tried: &'static str,
     expected: &'static str,
+    evidence: Vec<(Source, &'static str)>,
+    control: Option<(Source, &'static str)>,
     mode: Option<String>,
     started: Instant,
     written: bool,
@@ -39,10 +69,27 @@ impl Check {
             id,
             tried,
             expected,
+            evidence: Vec::new(),
+            control: None,
             mode: None,
             started: Instant::now(),
             written: false,
         }
+    }
+
+    /// A piece of the evidence the verdict rests on, and where it comes
+    /// from (for the report's evidence column and its summary).
+    pub fn evidence(mut self, source: Source, what: &'static str) -> Check {
+        self.evidence.push((source, what));
+        self
+    }
+
+    /// The positive control: what shows that the attack would have been
+    /// seen, and where that comes from. Every row needs one (the report
+    /// flags a row without).
+    pub fn control(mut self, source: Source, what: &'static str) -> Check {
+        self.control = Some((source, what));
+        self
     }
 
     /// Makes the check's call (`attack`, `control`) and notes how mvm ran
@@ -80,18 +127,34 @@ impl Check {
     /// Writes the row, then asserts the verdict.
     pub fn finish(mut self, verdict: Verdict) {
         let observed = verdict.observed();
-        self.write(verdict.pass(), &observed);
+        self.write_row(verdict.pass(), verdict.skipped, &observed);
         assert!(verdict.pass(), "check {} failed: {observed}", self.id);
     }
 
     fn write(&mut self, pass: bool, observed: &str) {
+        self.write_row(pass, false, observed)
+    }
+
+    fn write_row(&mut self, pass: bool, skipped: bool, observed: &str) {
         self.written = true;
+        let evidence: Vec<_> = self
+            .evidence
+            .iter()
+            .map(|(source, what)| serde_json::json!({"source": source.name(), "what": what}))
+            .collect();
+        let control = self
+            .control
+            .map(|(source, what)| serde_json::json!({"source": source.name(), "what": what}));
         let row = serde_json::json!({
             "id": self.id,
             "tried": self.tried,
             "expected": self.expected,
+            "evidence": evidence,
+            "control": control,
             "observed": observed,
             "pass": pass,
+            "skipped": skipped,
+            "weakened": extra_args().join(" "),
             "mode": self.mode,
             "seconds": self.started.elapsed().as_secs_f64().round(),
         });
@@ -124,6 +187,7 @@ impl Drop for Check {
 pub struct Verdict {
     seen: Vec<String>,
     failed: Vec<String>,
+    skipped: bool,
 }
 
 impl Verdict {
@@ -140,6 +204,22 @@ impl Verdict {
     pub fn require(&mut self, ok: bool, what: impl Into<String>) {
         if !ok {
             self.failed.push(what.into());
+        }
+    }
+
+    /// A part of the check that cannot run here (`why`): a failure, unless
+    /// `MVM_ALLOW_SKIPS=1`, when the row says "skipped" and the skip is
+    /// noted for the summary. Never "pass" for what did not run.
+    pub fn skip(&mut self, id: &str, why: &str) {
+        if std::env::var(ALLOW_SKIPS).as_deref() == Ok("1") {
+            self.skipped = true;
+            self.saw(format!("SKIPPED: {why}"));
+            note_event("skip", &format!("battery check {id}: {why}"));
+        } else {
+            self.require(
+                false,
+                format!("cannot run here: {why} (set {ALLOW_SKIPS}=1 to skip it explicitly)"),
+            );
         }
     }
 

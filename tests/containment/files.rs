@@ -6,7 +6,7 @@
 
 use mvm_e2e::{caller_uid, Options};
 
-use crate::battery::{attack, code, control, excerpt, Check, Verdict};
+use crate::battery::{attack, code, control, excerpt, Check, Source, Verdict};
 
 /// A fresh workspace on the test host's tmpfs, with a file, a symlink and
 /// a file meant to be readable; secrets in the caller's home, its TMPDIR
@@ -86,7 +86,10 @@ fn check_1_host_secrets_outside_the_workspace_are_unreachable() {
         "1",
         "read secrets planted on the host in the caller's home, TMPDIR and /tmp: their host paths, `..` out of /workspace, a search of every file in the guest",
         "no secret in anything the command printed; the workspace file (control) is read; the secrets exist on the host throughout",
-    );
+    )
+    .evidence(Source::Mvm, "no secret in all that came out of the VM (stdout and stderr through mvm)")
+    .evidence(Source::Host, "the secrets still on the host after the run (after script)")
+    .control(Source::Mvm, "the same script prints the workspace file it may read (same call); check 8: with an unsafe --mount it prints the home secret");
     let run = check.run(|| {
         attack(
             &planted(HOST_VIEW),
@@ -125,7 +128,10 @@ fn check_2_host_files_and_the_read_only_workspace_are_not_written() {
         "2",
         "write to the read-only workspace (overwrite, append, create), to a host file through a workspace symlink and `..`, and to the host paths of the caller's files",
         "workspace writes fail with EROFS, visible to the command; on the host every file is unchanged and nothing new exists; the guest's own /tmp is writable (control)",
-    );
+    )
+    .evidence(Source::Host, "every file the writes aimed at, read back on the host (after script)")
+    .evidence(Source::Guest, "the EROFS errors the command reports")
+    .control(Source::Guest, "the script writes the guest's own /tmp (same call); check 7: with --write its writes do land on the host");
     let run = check.run(|| {
         attack(
             &planted(HOST_VIEW),
@@ -182,7 +188,9 @@ fn check_7_a_legitimate_write_with_write_lands_owned_by_the_caller() {
         "7",
         "positive control for 2: the same write script with --write",
         "the workspace writes land on the host, the new file owned by the caller; writes through the symlink and `..` still stay in the guest",
-    );
+    )
+    .evidence(Source::Host, "the files on the host and the new file's owner (after script)")
+    .control(Source::Host, "itself the positive control of check 2");
     let uid = caller_uid();
     let run = check.run(|| {
         control(
@@ -234,7 +242,9 @@ fn check_8_an_unsafe_mount_does_expose_the_secret() {
         "8",
         "baseline contrast for 1: the same secret-reading script with a deliberately unsafe --mount $HOME:/host:ro (the test host's HOME is /run/home)",
         "the script now prints the home secret: the controls, not the script, kept check 1 clean",
-    );
+    )
+    .evidence(Source::Mvm, "the home secret in what came out of the VM")
+    .control(Source::Mvm, "itself the positive control of check 1");
     let run = check.run(|| {
         control(
             &planted(HOST_VIEW),

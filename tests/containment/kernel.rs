@@ -6,7 +6,7 @@
 use mvm_e2e::{Options, Run};
 
 use crate::battery::{
-    attack, attack_scripted, code, excerpt, mvm_says, script, value, Check, Verdict,
+    attack, attack_scripted, code, excerpt, mvm_says, script, value, Check, Source, Verdict,
 };
 
 /// The kernel's identity, as `key=value` lines, on whichever side runs it.
@@ -16,6 +16,7 @@ echo "release=$(uname -r)"
 echo "version=$(cat /proc/version)"
 echo "modules=$(cat /proc/modules 2>/dev/null | wc -l) loaded$([ -e /proc/modules ] || echo ', no /proc/modules')"
 echo "cmdline=$(cat /proc/cmdline)"
+echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
 "#;
 
 /// This machine's kernel (the outermost host: the same as the test host's
@@ -39,12 +40,15 @@ fn this_machine() -> Vec<String> {
     ]
 }
 
-/// After a guest crash: the host's boot id again (unchanged: the host did
-/// not go down with it), then the next VM on the same host.
+/// After a guest crash: the host's identity and uptime again (the same
+/// boot, its clock run on through the VM's run: the host did not go down
+/// with it), its kernel log's count of panics and oopses, then the next VM
+/// on the same host.
 fn host_survives() -> String {
     script(&format!(
         r#"
 {IDENTITY}
+echo "host_oopses=$(dmesg 2>/dev/null | grep -ciE 'kernel panic|oops|BUG:' || true)"
 $MVM run --no-workspace -- echo next-vm-ok 2>/run/tmp/next.err
 echo "next_status=$?"
 sed 's/^/next stderr: /' /run/tmp/next.err | tail -n 3
@@ -57,7 +61,11 @@ fn host_identity_before() -> String {
     script(IDENTITY)
 }
 
-/// The host's boot id from setup and from after: the same boot.
+/// The host from setup and from after: the same boot, its uptime having
+/// run on (a host that had gone down could not run the after script at
+/// all: QEMU's test host ends at a reset, and a hardware host takes the
+/// test with it; what the after script adds is that its clock ran on from
+/// before mvm to after it), its kernel log free of panics, the next VM.
 fn require_host_survived(v: &mut Verdict, run: &Run) {
     let before = run.setup_lines();
     let after = run.after_lines();
@@ -67,6 +75,22 @@ fn require_host_survived(v: &mut Verdict, run: &Run) {
         b.is_some() && b == a,
         format!("host boot id {b:?} then {a:?}"),
     );
+    let uptime = |lines: &[&str]| value(lines, "uptime").and_then(|u| u.trim().parse::<f64>().ok());
+    let (ub, ua) = (uptime(&before), uptime(&after));
+    v.saw(format!(
+        "host uptime {} s before mvm, {} s after",
+        ub.map_or("?".into(), |u| format!("{u:.2}")),
+        ua.map_or("?".into(), |u| format!("{u:.2}"))
+    ));
+    v.require(
+        matches!((ub, ua), (Some(b), Some(a)) if a > b),
+        "the host's uptime did not run on through the VM's run",
+    );
+    let oopses = value(&after, "host_oopses").unwrap_or("?");
+    v.saw(format!(
+        "panics or oopses in the host's kernel log: {oopses}"
+    ));
+    v.require(oopses == "0", "the host's kernel log shows a panic or oops");
     let next = value(&after, "next_status");
     v.saw(format!(
         "next VM on the same host: exit {}",
@@ -87,7 +111,10 @@ fn check_9a_the_guest_kernel_is_not_the_hosts() {
         "9a",
         "compare the guest kernel's identity (boot id, release, /proc/version, /proc/modules, command line) with the host mvm ran on and with this machine's kernel",
         "a boot id of its own (another kernel instance) and a command line of its own; a /proc/version other than this machine's; the test host, a kernel built from the same source by the same script, may share release and version (reported)",
-    );
+    )
+    .evidence(Source::Guest, "the boot id, version and command line the command printed")
+    .evidence(Source::Host, "the host's own identity read by its setup script, and this machine's")
+    .control(Source::Host, "a command run on the host itself would print the host's identity, read the same way by the setup script");
     let setup = host_identity_before();
     let run = check.run(|| {
         attack(
@@ -132,8 +159,11 @@ fn check_9b_a_guest_kernel_panic_ends_only_that_vm() {
     let mut check = Check::new(
         "9b",
         "crash the guest kernel as guest root: echo c > /proc/sysrq-trigger",
-        "exit 121 with 'the guest kernel panicked'; the host's boot id unchanged and the next VM runs",
-    );
+        "exit 121 with 'the guest kernel panicked'; the host's boot id unchanged, its uptime run on, no panic in its kernel log, and the next VM runs",
+    )
+    .evidence(Source::Mvm, "exit 121, mvm's message and the guest console's panic it shows")
+    .evidence(Source::Host, "the host's boot id, uptime and kernel log before and after, and the next VM run there (setup and after scripts)")
+    .control(Source::Mvm, "the panic on the guest console mvm shows: the crash did happen");
     let (setup, after) = (host_identity_before(), host_survives());
     let run = check.run(|| {
         attack_scripted(
@@ -171,8 +201,11 @@ fn check_9c_a_guest_reboot_ends_only_that_vm() {
     let mut check = Check::new(
         "9c",
         "reboot the guest from the command: reboot -f (reboot(2)) as guest root; the same as the default user",
-        "exit 121 ('stopped without reporting'), the host's boot id unchanged, the next VM runs; as the default user reboot(2) is refused (EPERM)",
-    );
+        "exit 121 ('stopped without reporting'), the host's boot id unchanged, its uptime run on, no panic in its kernel log, the next VM runs; as the default user reboot -f fails with EPERM ('Operation not permitted', exit 1) and the VM goes on to its own end",
+    )
+    .evidence(Source::Mvm, "exit 121 and the command's output stopping at the reboot")
+    .evidence(Source::Host, "the host's boot id, uptime and kernel log before and after, and the next VM runs there (setup and after scripts)")
+    .control(Source::Mvm, "the default user's reboot -f, refused with EPERM, lets its VM end with the command's own status");
     let (setup, after) = (host_identity_before(), host_survives());
     let after = format!(
         "{after}\n$MVM run --no-workspace -- reboot -f >/dev/null 2>/run/tmp/user.err; \
@@ -212,9 +245,15 @@ fn check_9c_a_guest_reboot_ends_only_that_vm() {
             .map(|l| excerpt(l, 60))
             .unwrap_or_default()
     ));
+    let eperm = after_lines
+        .iter()
+        .any(|l| l.starts_with("user reboot: ") && l.contains("Operation not permitted"));
     v.require(
-        user.is_some() && user != Some("121"),
-        "an unprivileged reboot ended the VM",
+        user == Some("1") && eperm,
+        format!(
+            "an unprivileged reboot -f did not fail with EPERM and exit 1 (exit {})",
+            user.unwrap_or("?")
+        ),
     );
     check.finish(v);
 }

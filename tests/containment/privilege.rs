@@ -1,29 +1,48 @@
-//! Check 6: escalating to root. The command runs as a non-root uid (a
+//! Check 6: escalating privileges. The command runs as a non-root uid (a
 //! root caller's command as guest uid 1000), with no_new_privs and no
-//! capabilities; shares are nosuid; a setuid-root binary in the workspace
-//! gives nothing, though the same binary does give root on the host.
+//! capabilities; shares are nosuid; a setuid binary of another user in the
+//! workspace gives nothing, though the same binary does switch uids on the
+//! host.
 
 use std::os::unix::fs::PermissionsExt;
 
 use mvm_e2e::{caller_uid, repo_root, Options, Run};
 
 use crate::battery::{
-    attack, attack_scripted, attacker, code, control, excerpt, script, Check, Verdict,
+    attack, attack_scripted, attacker, code, control, excerpt, script, Check, Source, Verdict,
 };
 
-/// A setuid copy of the attacker, owned by root where the battery runs as
-/// root (the test host sees this machine's owner and mode through 9p).
+/// A setuid copy of the attacker, owned by `SUID_OWNER` where the battery
+/// runs as root (the test host sees this machine's owner and mode through
+/// 9p).
 const SUID: &str = "target/containment/attacker-suid";
 
-fn plant_suid() -> &'static str {
+/// A uid the share does not translate: for a root caller virtiofsd shows
+/// only the caller's own files as the guest user's (host 0 becomes 1000),
+/// so a root-owned binary would look like the user's own and its setuid
+/// bit could not change anything with or without protection. A file of
+/// 4242 stays 4242, and running it setuid would make the euid 4242.
+const SUID_OWNER: u32 = 4242;
+
+/// Plants the setuid binary; its owner, which is `SUID_OWNER` only where
+/// the battery may chown (root).
+fn plant_suid() -> (&'static str, u32) {
     let root = repo_root();
     let source = root.join(attacker());
     let target = root.join(SUID);
     let _ = std::fs::remove_file(&target);
     std::fs::copy(&source, &target).expect("copy the attacker");
+    let owner = if caller_uid() == 0 {
+        std::os::unix::fs::chown(&target, Some(SUID_OWNER), Some(SUID_OWNER))
+            .expect("chown the setuid attacker");
+        SUID_OWNER
+    } else {
+        caller_uid()
+    };
+    // After the chown, which clears the setuid bit.
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o4755))
         .expect("chmod 4755 the setuid attacker");
-    SUID
+    (SUID, owner)
 }
 
 /// The guest's view of its own privileges, one `key: value` line each.
@@ -48,6 +67,8 @@ struct Seen {
     no_new_privs: String,
     cap_eff: String,
     cap_prm: String,
+    suid_owner: Option<u32>,
+    suid_mode: String,
     suid_euid: Option<u32>,
     mount: String,
     sysctl: String,
@@ -67,7 +88,13 @@ fn seen(run: &Run) -> Seen {
         .split_whitespace()
         .find_map(|w| w.strip_prefix("euid="))
         .and_then(|n| n.parse().ok());
+    let file = line("suid file: ");
+    let mut file = file.split_whitespace();
+    let suid_owner = file.next().and_then(|n| n.parse().ok());
+    let suid_mode = file.next().unwrap_or("").to_string();
     Seen {
+        suid_owner,
+        suid_mode,
         uid: line("id: ")
             .split_whitespace()
             .next()
@@ -84,7 +111,12 @@ fn seen(run: &Run) -> Seen {
 
 const NO_CAPS: &str = "0000000000000000";
 
-fn require_unprivileged(v: &mut Verdict, s: &Seen, want_uid: u32) {
+/// `owner`: the owner the guest must see on the setuid binary, or `None`
+/// where the share may show it as the user's own (an unprivileged
+/// virtiofsd maps no other uid): there running it could not change the
+/// euid with or without protection, so the probe claims nothing unless the
+/// guest does see `SUID_OWNER`.
+fn require_unprivileged(v: &mut Verdict, s: &Seen, want_uid: u32, owner: Option<u32>) {
     v.saw(format!(
         "uid {:?}, NoNewPrivs {}, CapEff {}, CapPrm {}",
         s.uid, s.no_new_privs, s.cap_eff, s.cap_prm
@@ -100,13 +132,35 @@ fn require_unprivileged(v: &mut Verdict, s: &Seen, want_uid: u32) {
         "the command has capabilities",
     );
     v.saw(format!(
-        "setuid binary in the workspace ran with euid {:?}",
-        s.suid_euid
+        "setuid binary seen in the guest as owner {:?} mode {}, ran with euid {:?}",
+        s.suid_owner, s.suid_mode, s.suid_euid
     ));
     v.require(
-        s.suid_euid.is_some() && s.suid_euid != Some(0),
-        "the setuid binary gave root (or did not run)",
+        s.suid_mode.starts_with('4'),
+        format!(
+            "the guest does not see the setuid bit (mode {:?})",
+            s.suid_mode
+        ),
     );
+    if let Some(owner) = owner.or(Some(SUID_OWNER).filter(|o| s.suid_owner == Some(*o))) {
+        v.require(
+            s.suid_owner == Some(owner),
+            format!("the guest sees owner {:?}, not {owner}", s.suid_owner),
+        );
+        v.require(
+            s.suid_euid == Some(want_uid),
+            format!(
+                "the setuid binary ran with euid {:?}, not the user's {want_uid}",
+                s.suid_euid
+            ),
+        );
+    } else {
+        v.saw(format!(
+            "the share shows the setuid binary as owner {:?}: the setuid probe cannot tell here and claims nothing",
+            s.suid_owner
+        ));
+        v.require(s.suid_euid.is_some(), "the setuid binary did not run");
+    }
     v.saw(format!("mount {}, sysctl {}", s.mount, s.sysctl));
     v.require(s.mount == "refused", "mount was allowed");
     v.require(s.sysctl == "refused", "a sysctl was written");
@@ -145,10 +199,12 @@ fn host_suid_euid(run: &Run) -> Option<u32> {
 fn check_6a_the_command_is_not_root_and_cannot_become_it() {
     let mut check = Check::new(
         "6a",
-        "escalate as the default user (the caller is root in CI): check uid, no_new_privs and capabilities, run a setuid-root binary from the workspace, mount, write a sysctl",
-        "a non-root uid (1000 for a root caller), NoNewPrivs 1, no capabilities, the setuid binary runs as that uid, mount and sysctl refused, the share nosuid,nodev; the same binary gives root on the host (control)",
-    );
-    let suid = plant_suid();
+        "escalate as the default user (the caller is root in CI): check uid, no_new_privs and capabilities, run a setuid binary of uid 4242 (a uid the share does not translate) from the workspace, mount, write a sysctl",
+        "a non-root uid (1000 for a root caller), NoNewPrivs 1, no capabilities; the guest sees the binary's owner 4242 and its setuid bit, yet it runs with the user's euid; mount and sysctl refused, the share nosuid,nodev; the same binary run on the host as nobody gets euid 4242 (control)",
+    )
+    .evidence(Source::Guest, "the command's own uid, NoNewPrivs, capabilities, the setuid binary's owner, mode and euid, and its mount and sysctl attempts")
+    .control(Source::Host, "the same setuid binary run on the test host as nobody does switch to its owner's euid (after script)");
+    let (suid, owner) = plant_suid();
     let after = host_suid_control(suid);
     let run = check.run(|| {
         attack(
@@ -164,18 +220,20 @@ fn check_6a_the_command_is_not_root_and_cannot_become_it() {
     let s = seen(&run);
     let caller = caller_uid();
     let want = if caller == 0 { 1000 } else { caller };
-    require_unprivileged(&mut v, &s, want);
+    let skip_why = "needs a root caller: to plant a setuid binary of another uid, and to run it on the host as nobody";
+    if owner != SUID_OWNER {
+        v.skip("6a", skip_why);
+    }
+    require_unprivileged(&mut v, &s, want, Some(owner).filter(|o| *o == SUID_OWNER));
     if caller == 0 {
         let host = host_suid_euid(&run);
         v.saw(format!(
             "control: on the host, nobody running it gets euid {host:?}"
         ));
         v.require(
-            host == Some(0),
-            "the setuid binary does not work on the host",
+            host == Some(SUID_OWNER),
+            "the setuid binary does not switch uids on the host",
         );
-    } else {
-        v.saw("control on the host skipped: needs a root caller to switch to nobody");
     }
     check.finish(v);
 }
@@ -185,15 +243,20 @@ fn check_6a_the_command_is_not_root_and_cannot_become_it() {
 fn check_6b_an_unprivileged_caller_is_itself_in_the_guest() {
     let mut check = Check::new(
         "6b",
-        "the same escalation as an unprivileged caller (nobody, 65534)",
-        "uid 65534, NoNewPrivs 1, no capabilities, setuid binary without root, mount and sysctl refused",
-    );
+        "the same escalation as an unprivileged caller (nobody, 65534), the setuid binary still owned by 4242",
+        "uid 65534, NoNewPrivs 1, no capabilities, mount and sysctl refused; the setuid binary runs with euid 65534 (an unprivileged virtiofsd shows other owners as the overflow uid 65534, so there the setuid probe claims nothing: the row says which)",
+    )
+    .evidence(Source::Guest, "the command's own uid, NoNewPrivs, capabilities, the setuid binary's owner and euid, and its mount and sysctl attempts")
+    .control(Source::Guest, "check 6c: the same probes with --root do report uid 0, capabilities, mount and sysctl allowed");
     if caller_uid() != 0 {
         let mut v = Verdict::new();
-        v.saw("not run: the battery is not root, so 6a already ran unprivileged");
+        v.skip(
+            "6b",
+            "needs a root caller to switch to nobody (6a then ran unprivileged)",
+        );
         return check.finish(v);
     }
-    let suid = plant_suid();
+    let (suid, _) = plant_suid();
     let run = check.run(|| {
         attack(
             &Options {
@@ -205,7 +268,7 @@ fn check_6b_an_unprivileged_caller_is_itself_in_the_guest() {
     });
     let mut v = Verdict::new();
     v.saw(format!("exit {}", code(&run)));
-    require_unprivileged(&mut v, &seen(&run), 65534);
+    require_unprivileged(&mut v, &seen(&run), 65534, None);
     check.finish(v);
 }
 
@@ -216,8 +279,13 @@ fn check_6c_root_only_with_root_positive_control() {
         "6c",
         "positive control for 6a: the same probes with --root",
         "uid 0 with capabilities, mount and sysctl allowed: the probes do detect privilege",
+    )
+    .evidence(Source::Guest, "the same probes' report")
+    .control(
+        Source::Guest,
+        "itself the positive control of checks 6a and 6b",
     );
-    let suid = plant_suid();
+    let (suid, _) = plant_suid();
     let run = check.run(|| {
         control(
             &Options::default(),
@@ -251,7 +319,9 @@ fn check_6d_no_setuid_file_reaches_the_host_through_write() {
         "6d",
         "plant a setuid binary on the host: with --write, copy the attacker into the workspace and chmod 6755, then run it on the host as nobody",
         "the host copy has no setuid/setgid bit, so another host user running it stays itself",
-    );
+    )
+    .evidence(Source::Host, "the planted file's owner and mode on the host, and a run of it there as nobody (after script)")
+    .control(Source::Host, "the file did reach the host (its mode is read there)");
     let attacker = attacker();
     let setup =
         format!("rm -rf /run/tmp/ws && mkdir -p /run/tmp/ws && cp {attacker} /run/tmp/ws/tool");

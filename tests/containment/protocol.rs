@@ -19,7 +19,7 @@ use mvm::session::client;
 use mvm_e2e::Options;
 use mvm_protocol::{ExecRequest, FrameError, FrameReader, Hello, Message, AGENT_PORT, MAX_DATA};
 
-use crate::battery::{attack, attacker, code, control, excerpt, mvm_says, Check, Verdict};
+use crate::battery::{attack, attacker, code, control, excerpt, mvm_says, Check, Source, Verdict};
 
 /// One frame on the wire: u32 LE length of kind + payload, kind, payload.
 fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
@@ -282,7 +282,9 @@ fn check_11a_the_host_client_refuses_every_bad_frame() {
         "11a",
         "mvm's exec client (the real connect/start/relay_output) against a fake guest agent: wrong Hello version, garbage and a 4 GiB length instead of Hello, output before Hello; after it a 4 GiB length, a zero length, an unknown kind, bad JSON, a 1 MiB Stdout, a Hello mid-stream, a host-to-guest kind, garbage, a truncated frame, end of stream before Exit",
         "each ends the run with its own error (no panic, no hang, no allocation of the claimed size: peak RSS grows < 8 MiB); the well-formed control relays its exit status 7",
-    );
+    )
+    .evidence(Source::InProcess, "the client's result for each case, its time and this process's peak RSS")
+    .control(Source::InProcess, "a well-formed exchange, played the same way, relays its exit status 7");
     check.in_process();
     assert_eq!(MAX_DATA, 64 * 1024, "the 1 MiB case assumes 64 KiB data");
     let mut v = Verdict::new();
@@ -349,7 +351,9 @@ fn check_11b_frames_forged_on_the_agents_connection_reach_the_host() {
         "11b",
         "positive control for 11c-e: a compromised guest takes the agent's vsock connection out of PID 1, stops the agent (ptrace) and writes well-formed frames on it (Stdout 'FORGED-BY-THE-GUEST', Exit 42)",
         "the host relays them and exits 42: bytes written this way do reach the host's parser (and a guest can forge its own exit status, as expected of an untrusted guest)",
-    );
+    )
+    .evidence(Source::Mvm, "mvm's exit status 42 and the forged output it relayed")
+    .control(Source::Mvm, "itself the positive control of checks 11c-e");
     let run = check.run(|| hijack("forge", true));
     let mut v = Verdict::new();
     let forged = run.stdout.contains("FORGED-BY-THE-GUEST");
@@ -364,12 +368,19 @@ fn check_11b_frames_forged_on_the_agents_connection_reach_the_host() {
     check.finish(v);
 }
 
-fn bad_frames(id: &'static str, mode: &'static str, tried: &'static str) {
-    let mut check = Check::new(
-        id,
-        tried,
-        "mvm ends the run by itself (not by --timeout 20: the guest will not), says on stderr that the exec channel broke (naming the channel or the agent), exits with a documented status other than the command's success, no panic, peak RSS within the 128 MiB guest plus 96 MiB, nothing left running",
-    );
+/// `error`: what mvm must say for this case, its own error for what the
+/// guest sent; the generic "closed the channel" of a guest that merely
+/// hung up is not enough.
+fn bad_frames(
+    id: &'static str,
+    mode: &'static str,
+    tried: &'static str,
+    expected: &'static str,
+    error: &'static str,
+) {
+    let mut check = Check::new(id, tried, expected)
+        .evidence(Source::Mvm, "mvm's exit status, its own error message and its peak RSS")
+        .control(Source::Mvm, "check 11b: well-formed frames forged the same way do reach the host; the attacker's lines that it reached the connection and stopped the agent");
     let started = Instant::now();
     let run = check.run(|| hijack(mode, false));
     let mut v = Verdict::new();
@@ -391,16 +402,14 @@ fn bad_frames(id: &'static str, mode: &'static str, tried: &'static str) {
     let stopped = run.stderr.contains("hijack: the agent is stopped");
     v.saw(format!("the agent stopped by the attacker: {stopped}"));
     v.require(stopped, "the attacker could not stop the agent");
+    // 121: the guest stopped without a status of its own (docs: exit codes).
     v.require(
-        matches!(run.code, Some(c) if c != 0 && c != 124 && c != 42),
-        "not a clean failure status",
+        run.code == Some(121),
+        format!("exit {}, not 121", code(&run)),
     );
     v.require(!run.stderr.contains("panicked"), "mvm panicked");
-    // Its own words for what the guest did wrong, whatever they are.
-    v.require(
-        said.contains("exec channel") || said.contains("guest agent"),
-        "mvm did not say the exec channel broke",
-    );
+    // Its own words for what this guest did wrong.
+    v.require(said.contains(error), format!("mvm did not say '{error}'"));
     let peak = run.stat("peak rss").map(|k| k / 1024.0);
     v.saw(format!("peak RSS {:.0} MiB", peak.unwrap_or(-1.0)));
     v.require(
@@ -417,6 +426,8 @@ fn check_11c_an_oversized_frame_from_the_guest() {
         "11c",
         "oversized",
         "a compromised guest (agent stopped, as in 11b) writes a frame length of 4 GiB - 1 on the agent's connection, then 64 KiB of it",
+        "mvm ends the run by itself (not by --timeout 20: the guest will not) with exit 121, saying the frame is larger than its limit, no panic, peak RSS within the 128 MiB guest plus 96 MiB",
+        "the exec channel broke: frame of 4294967295 bytes is larger than",
     );
 }
 
@@ -427,6 +438,8 @@ fn check_11d_garbage_from_the_guest() {
         "11d",
         "garbage",
         "a compromised guest (agent stopped) writes an unknown kind, an Exit with bad JSON and 4 KiB of noise on the agent's connection",
+        "mvm ends the run by itself with exit 121, saying the first bad frame's kind is unknown, no panic, peak RSS within the 128 MiB guest plus 96 MiB",
+        "the exec channel broke: unknown message kind 127",
     );
 }
 
@@ -437,5 +450,7 @@ fn check_11e_a_wrong_version_hello_from_the_guest() {
         "11e",
         "version",
         "a compromised guest (agent stopped) writes a Hello with protocol version 99 on the agent's connection mid-run",
+        "mvm ends the run by itself with exit 121, saying the guest sent a message it must not send there, no panic, peak RSS within the 128 MiB guest plus 96 MiB",
+        "the guest agent sent a host-to-guest message where it must not",
     );
 }

@@ -15,8 +15,8 @@ use std::time::Instant;
 use mvm_e2e::{stat_in, Options, Run};
 
 use crate::battery::{
-    attack, attack_scripted, attacker, code, control, excerpt, mvm_says, number, script, value,
-    Check, Verdict,
+    attack, attack_scripted, attacker, code, control, excerpt, extra_args, mvm_says, number,
+    script, value, Check, Source, Verdict,
 };
 
 /// Starts a sampler on the host: `probe` (shell printing one number) every
@@ -75,7 +75,10 @@ fn check_4_a_fork_bomb_stays_in_the_guest() {
         "4",
         "fork bomb (bomb() { bomb & bomb & read -t 600 x; }) as the default user, whose process limit is --max-procs' default 4096, counting the guest's processes until they near it; the host's process count sampled every 0.2 s; then the next mvm run on the same host",
         "the guest fills up to its process limit (control: at least 3500 processes); the host count grows only by mvm and its helpers; mvm returns the command's status (0); the next run works",
-    );
+    )
+    .evidence(Source::Host, "the test host's process count sampled every 0.2 s, and the next mvm run there (setup and after scripts)")
+    .evidence(Source::Mvm, "mvm's exit status")
+    .control(Source::Guest, "the guest's own count of its processes, which must near the limit: the bomb did go off");
     let setup = script(&sampler("set -- /proc/[0-9]*; echo $#"));
     let after = script(&format!(
         r#"
@@ -154,7 +157,10 @@ fn check_5_a_memory_bomb_is_bounded_by_the_vm_size() {
         "5",
         "memory bomb: allocate and touch memory without end in a --memory 256M guest; the host's MemAvailable sampled every 0.2 s",
         "the guest fills its memory (control), the guest kernel's OOM killer ends the command, mvm exits 137 and says it ran out of memory, no hang; mvm's peak RSS and the host's memory drop stay within 256 MiB plus the VMM's overhead",
-    );
+    )
+    .evidence(Source::Host, "the test host's MemAvailable sampled every 0.2 s (setup and after scripts)")
+    .evidence(Source::Mvm, "exit 137, mvm's out-of-memory message and its peak RSS")
+    .control(Source::Guest, "the command's own report of how much memory it touched before it died");
     let attacker = attacker();
     let setup = script(&sampler("awk '/MemAvailable/ { print $2 }' /proc/meminfo"));
     let after = script(&format!("{SAMPLES}\n{LEFTOVERS}"));
@@ -229,7 +235,10 @@ fn check_10a_a_gigabyte_of_stdout_streams_through_bounded_memory() {
         "10a",
         "stdout flood: 1 GB (head -c 1000000000 /dev/zero) through the exec channel into a pipe on the host, with --print-stats; a `true` run on the same host as the baseline",
         "every byte arrives, exit 0, mvm's peak RSS within 64 MiB of the baseline's (it streams, never collects)",
-    );
+    )
+    .evidence(Source::Host, "the bytes counted by wc -c on the test host (after script)")
+    .evidence(Source::Mvm, "the flood run's exit status and peak RSS")
+    .control(Source::Mvm, "the baseline `true` run's peak RSS on the same host");
     // mvm's stdout into `wc -c` on the test host: a gigabyte must not
     // travel back to the harness.
     let after = script(&format!(
@@ -285,46 +294,80 @@ echo "flood_seconds=$(( $(date +%s) - t0 ))"
     check.finish(v);
 }
 
+/// Lines in 10b's flood, each one write of a number, a space and `PAD`
+/// bytes: 10,000 lines and about 160 MB, well above the 64 MiB bound.
+const LINES: usize = 10_000;
+const PAD: usize = 16_000;
+
 #[test]
 #[ignore = "containment battery: run by `make battery`"]
-fn check_10b_thousands_of_tiny_writes_arrive_in_order() {
-    const N: usize = 10_000;
+fn check_10b_thousands_of_writes_arrive_in_order_through_bounded_memory() {
     let mut check = Check::new(
         "10b",
-        "10,000 one-line writes to stdout interleaved with 10,000 to stderr (a shell loop of echo builtins: one write(2) each), with --print-stats; a `true` run as the baseline",
-        "every line arrives on its own stream in order, exit 0, peak RSS within 64 MiB of the baseline's",
+        "10,000 writes of a numbered 16 KB line to stdout (about 160 MB in all, well above the 64 MiB bound) interleaved with 10,000 short ones to stderr (echo builtins in a shell loop), with --print-stats, into files on the test host; a `true` run as the baseline",
+        "every line arrives whole on its own stream in order, exit 0, peak RSS within 64 MiB of the baseline's (mvm streams; collecting the output would need the whole 160 MB)",
+    )
+    .evidence(Source::Host, "the lines as they arrived in files on the test host, checked there in order (after script)")
+    .evidence(Source::Mvm, "the run's exit status and peak RSS")
+    .control(Source::Mvm, "the baseline `true` run's peak RSS on the same host");
+    let writes = format!(
+        "pad=$(head -c {PAD} /dev/zero | tr \"\\0\" x); i=0; \
+         while [ $i -lt {LINES} ]; do echo \"$i $pad\"; echo e$i >&2; i=$((i+1)); done"
     );
+    // Checked where the files are (160 MB need not travel back): each
+    // stdout line's number and length, each stderr line less mvm's own.
     let after = script(&format!(
-        "$MVM run --print-stats --no-workspace -- true 2>/run/tmp/base.err >/dev/null\n{}\n{LEFTOVERS}",
-        show("base", "/run/tmp/base.err")
+        r#"
+$MVM run --print-stats --no-workspace -- true 2>/run/tmp/base.err >/dev/null
+{base}
+$MVM run {extra} --print-stats --no-workspace -- sh -c '{writes}' >/run/tmp/tiny.out 2>/run/tmp/tiny.err
+echo "tiny_status=$?"
+grep '^mvm: ' /run/tmp/tiny.err | sed 's/^/tiny: /'
+awk '{{ if ($1 != NR - 1 || length($2) != {PAD}) bad++ }} END {{ print "out=" NR " " bad + 0 }}' /run/tmp/tiny.out
+grep -v '^mvm: ' /run/tmp/tiny.err | awk '{{ if ($0 != "e" (NR - 1)) bad++ }} END {{ print "err=" NR " " bad + 0 }}'
+rm -f /run/tmp/tiny.out /run/tmp/tiny.err
+{LEFTOVERS}
+"#,
+        base = show("base", "/run/tmp/base.err"),
+        extra = extra_args().join(" "),
     ));
-    let writes = format!("i=0; while [ $i -lt {N} ]; do echo $i; echo e$i >&2; i=$((i+1)); done");
     let run = check.run(|| {
-        attack(
+        control(
             &Options {
                 after: Some(&after),
+                testhost_timeout: Some(300),
                 ..Options::default()
             },
-            &["--print-stats", "--no-workspace", "--", "sh", "-c", &writes],
+            &["--no-workspace", "--", "true"],
         )
     });
     let mut v = Verdict::new();
-    v.saw(format!("exit {}", code(&run)));
-    v.require(run.code == Some(0), "not exit 0");
-    let want_out: Vec<String> = (0..N).map(|i| i.to_string()).collect();
-    let want_err: Vec<String> = (0..N).map(|i| format!("e{i}")).collect();
-    let out: Vec<&str> = run.stdout.lines().collect();
-    let stderr = run.mvm_stderr();
-    let err: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("mvm: ")).collect();
-    let out_ok = out == want_out;
-    let err_ok = err == want_err;
+    let after = run.after_lines();
+    let status = value(&after, "tiny_status").unwrap_or("?");
+    v.saw(format!("exit {status}"));
+    v.require(status == "0", "not exit 0");
+    let counts = |key: &str| -> (usize, usize) {
+        let mut it = value(&after, key)
+            .unwrap_or("")
+            .split_whitespace()
+            .map(|n| n.parse().unwrap_or(usize::MAX));
+        (
+            it.next().unwrap_or(usize::MAX),
+            it.next().unwrap_or(usize::MAX),
+        )
+    };
+    let ((out, out_bad), (err, err_bad)) = (counts("out"), counts("err"));
     v.saw(format!(
-        "stdout {} lines in order: {out_ok}; stderr {} lines in order: {err_ok}",
-        out.len(),
-        err.len()
+        "stdout {out} lines, {out_bad} out of order or cut; stderr {err} lines, {err_bad} out of order"
     ));
-    v.require(out_ok && err_ok, "lines lost, mixed or out of order");
-    let (base, peak) = (nested_stat(&run, "base", "peak rss"), run.stat("peak rss"));
+    v.require(
+        out == LINES && out_bad == 0 && err == LINES && err_bad == 0,
+        "lines lost, cut, mixed or out of order",
+    );
+    let (base, peak) = (
+        nested_stat(&run, "base", "peak rss"),
+        nested_stat(&run, "tiny", "peak rss"),
+    );
     v.saw(format!(
         "peak RSS {:.0} MiB (baseline {:.0} MiB)",
         peak.unwrap_or(-1.0) / 1024.0,
@@ -357,43 +400,71 @@ fn timed(after: &[&str], key: &str) -> (String, u64) {
 #[test]
 #[ignore = "containment battery: run by `make battery`"]
 fn check_10c_stdin_nobody_reads_is_not_buffered() {
-    const STDIN_BYTES: usize = 32 << 20;
+    /// 256 MiB: four times the bound, so that buffering it would show.
+    const STDIN_MIB: u64 = 256;
     let mut check = Check::new(
         "10c",
-        "a guest that stops reading: 32 MiB of stdin with -i to a command that never reads it (sleep 5), --print-stats; `printf abc | mvm run -i -- cat` on the same host as the control and baseline",
-        "exit 0 after the sleep; peak RSS within 64 MiB of the control's (flow control holds the rest back); the control relays abc",
-    );
+        "a guest that stops reading: 256 MiB of stdin (a file on the test host) with -i to a command that never reads it (sleep 10), --print-stats; `printf abc | mvm run -i -- cat` on the same host as the control and baseline",
+        "exit 0 after the sleep; mvm takes less than 64 MiB of the input (its stdin's file offset, sampled on the host) and its peak RSS stays within 64 MiB of the control's: flow control holds the rest back; the control relays abc",
+    )
+    .evidence(Source::Host, "how far mvm read its stdin file, sampled from /proc on the test host (after script)")
+    .evidence(Source::Mvm, "the run's exit status and peak RSS")
+    .control(Source::Mvm, "`printf abc | mvm run -i -- cat` relays abc on the same host");
     let after = script(&format!(
         r#"
 printf abc | $MVM run -i --print-stats --no-workspace -- cat >/run/tmp/ctl.out 2>/run/tmp/ctl.err
 echo "control_status=$? output=$(cat /run/tmp/ctl.out)"
-{}
+{control}
+head -c $(({STDIN_MIB} << 20)) /dev/zero >/run/tmp/in
+$MVM run {extra} -i --print-stats --no-workspace -- sleep 10 </run/tmp/in >/dev/null 2>/run/tmp/unread.err &
+pid=$!
+taken=0
+while kill -0 $pid 2>/dev/null; do
+    pos=$(awk '/^pos:/ {{ print $2 }}' /proc/$pid/fdinfo/0 2>/dev/null)
+    [ -z "$pos" ] || taken=$pos
+    sleep 0.2
+done
+wait $pid
+echo "unread_status=$? taken=$taken"
+rm -f /run/tmp/in
+{unread}
 {LEFTOVERS}
 "#,
-        show("control", "/run/tmp/ctl.err"),
+        control = show("control", "/run/tmp/ctl.err"),
+        unread = show("unread", "/run/tmp/unread.err"),
+        extra = extra_args().join(" "),
     ));
-    let input = vec![b'x'; STDIN_BYTES];
     let run = check.run(|| {
-        attack(
+        control(
             &Options {
-                stdin: &input,
                 after: Some(&after),
+                testhost_timeout: Some(180),
                 ..Options::default()
             },
-            &["-i", "--print-stats", "--no-workspace", "--", "sleep", "5"],
+            &["--no-workspace", "--", "true"],
         )
     });
     let mut v = Verdict::new();
     let after = run.after_lines();
+    let unread = value(&after, "unread_status").unwrap_or("?");
+    let mut words = unread.split_whitespace();
+    let status = words.next().unwrap_or("?");
+    let taken: f64 = words
+        .find_map(|w| w.strip_prefix("taken="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1.0);
     v.saw(format!(
-        "exit {}; mvm said: {}",
-        code(&run),
-        excerpt(&mvm_says(&run), 120)
+        "exit {status}; mvm took {:.1} MiB of the {STDIN_MIB} MiB",
+        taken / 1048576.0
     ));
-    v.require(run.code == Some(0), "the run did not exit 0");
+    v.require(status == "0", "the run did not exit 0");
+    v.require(
+        (0.0..64.0 * 1048576.0).contains(&taken),
+        "mvm took 64 MiB or more of stdin nobody reads (or no figure)",
+    );
     let (base, peak) = (
         nested_stat(&run, "control", "peak rss"),
-        run.stat("peak rss"),
+        nested_stat(&run, "unread", "peak rss"),
     );
     v.saw(format!(
         "peak RSS {:.0} MiB (control {:.0} MiB)",
@@ -424,7 +495,9 @@ fn check_10d_stdin_that_never_closes() {
         "10d",
         "stdin that never closes (a FIFO whose writer sleeps), with -i, on the test host: to `true`, and to `cat` with --timeout 5; the harness's own call, `-i -- cat` with stdin abc, as the control",
         "`true` exits 0 at once despite the open stdin; `cat` ends with 124 on time; nothing left running; the control relays abc",
-    );
+    )
+    .evidence(Source::Host, "the runs' statuses and durations on the test host's clock, and what they left behind (after script)")
+    .control(Source::Mvm, "the harness's own `-i -- cat` call relays abc");
     // A FIFO held open by a sleeping writer: stdin that never ends, which
     // the wrapper (it reads stdin to its end first) cannot give mvm.
     let after = script(&format!(
@@ -490,10 +563,13 @@ kill $writer
 fn check_10e_a_command_ignoring_sigterm_is_still_ended() {
     let mut check = Check::new(
         "10e",
-        "a command ignoring TERM, INT and HUP: mvm sent SIGTERM after 6 s; then the same command under --timeout 4 on the same host",
-        "SIGTERM: exit 143 after the 5 s grace ('stopped by signal 15'); --timeout: exit 124 on time; nothing left running",
-    );
-    let stubborn = "trap '' TERM INT HUP; sleep 120";
+        "a command ignoring TERM, INT and HUP: mvm sent SIGTERM once the command said it was ready; then the same command under --timeout 4 on the same host",
+        "SIGTERM: exit 143 ('stopped by signal 15') no sooner than the 5 s grace after the signal, and well before the command would end; --timeout: exit 124 on time; nothing left running",
+    )
+    .evidence(Source::Mvm, "exit 143 and mvm's message")
+    .evidence(Source::Host, "the time from the signal to mvm's exit on the test host's clock, and the --timeout run's status and duration (after script)")
+    .control(Source::Mvm, "the same command under --timeout 4 is ended by mvm with 124");
+    let stubborn = "trap '' TERM INT HUP; echo ready; sleep 120";
     let after = script(&format!(
         r#"
 t0=$(date +%s)
@@ -507,7 +583,7 @@ echo "timeout_status=$? seconds=$(( $(date +%s) - t0 ))"
     let run = check.run(|| {
         attack(
             &Options {
-                signal: Some("TERM 6"),
+                signal: Some("TERM @ready"),
                 after: Some(&after),
                 ..Options::default()
             },
@@ -534,6 +610,16 @@ echo "timeout_status=$? seconds=$(( $(date +%s) - t0 ))"
         "not ended by the SIGTERM grace",
     );
     v.require(secs < 70, "SIGTERM did not end it before --timeout would");
+    // No sooner than the grace period: an immediate kill is not a grace.
+    let grace = run.signal_to_exit();
+    v.saw(format!(
+        "signal to exit on the test host's clock: {}",
+        grace.map_or("(no figure)".into(), |g| format!("{g:.2} s"))
+    ));
+    v.require(
+        grace.is_some_and(|g| (4.95..60.0).contains(&g)),
+        "not ended between the 5 s grace and 60 s after the signal",
+    );
     let after = run.after_lines();
     let (status, t_secs) = timed(&after, "timeout_status");
     v.saw(format!("--timeout 4: exit {status} in {t_secs} s"));
