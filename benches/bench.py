@@ -67,9 +67,9 @@ METRICS = [
     ("boot", "boot to init", "ms"),
     ("command", "command: `true`, end to end", "ms"),
     ("teardown", "teardown: command exit to process gone", "ms"),
-    ("overhead", "VMM memory overhead: peak RSS - guest RAM resident", "KiB"),
+    ("overhead", "VMM memory overhead: peak Pss of the process tree - guest RAM resident", "KiB"),
     ("guest", "guest RAM resident at the end", "KiB"),
-    ("rss", "peak RSS, guest RAM included", "KiB"),
+    ("rss", "peak Pss of the whole process tree (helpers included), guest RAM included", "KiB"),
     ("start", "binary start: `--version`, exec to exit", "ms"),
 ]
 
@@ -107,6 +107,10 @@ cd "$W/ws" || exit 1
 # --console: the guest console on mvm's stderr, line by line to exectime,
 # as QEMU's serial console is (the teardown starts at a console line).
 mvm_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true; }}
+# Memory runs, apart from the timed ones (sampling /proc every 20 ms costs
+# the test host's one CPU): the peak Pss of the whole process tree, mvm
+# and virtiofsd (and its sandbox process) together.
+mvm_mem() {{ "$X" --label "$1" --tree --timeout 60 -- "$W/bin/mvm" run --print-stats -- true; }}
 qemu() {{ "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/qemu-system-x86_64" "$@"; }}
 # fd 3: the boot marker (isa-debugcon on guest-init's port 0x440);
 # fd 5: the serial console, line by line.
@@ -123,7 +127,9 @@ qemu_run() {{
         -append {append}
 }}
 bwrap_run() {{
-    "$X" --label "$1" --timeout 60 -- \
+    l=$1
+    shift
+    "$X" --label "$l" "$@" --timeout 60 -- \
         "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/bwrap" $BWFLAGS true
 }}
 version() {{
@@ -160,8 +166,10 @@ while [ $i -le $N ]; do
     mvm_run mvm.run.$i
     [ "$QEMU" = 0 ] || qemu_run qemu.run.$i
     [ "$BWRAP" = 0 ] || bwrap_run bwrap.run.$i
+    mvm_mem mvm.mem.$i
+    [ "$BWRAP" = 0 ] || bwrap_run bwrap.mem.$i --tree
     # Stopped at the command's exit line to read its guest RAM's Rss.
-    [ "$QEMU" = 0 ] || qemu_run qemu.mem.$i --snapshot-at "mvm-init: exit status" --guest-kib {kib}
+    [ "$QEMU" = 0 ] || qemu_run qemu.mem.$i --snapshot-at "mvm-init: exit status" --guest-kib {kib} --tree
     version mvm.ver.$i mvm
     [ "$QEMU" = 0 ] || version qemu.ver.$i qemu-system-x86_64
     [ "$BWRAP" = 0 ] || version bwrap.ver.$i bwrap
@@ -200,9 +208,20 @@ def one_run(flags=()):
 
 
 def write_result(name, report, hw):
-    """benches/results/<date>-<kvm|tcg>-NAME.md, and the report printed."""
-    os.makedirs(os.path.join(ROOT, "benches", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "benches", "results",
+    """benches/results/<date>-<kvm|tcg>-NAME.md, and the report printed.
+    Published results come from a clean tree (the report names it): from a
+    tree with uncommitted changes the report goes to target/bench/ instead,
+    unless MVM_BENCH_DIRTY=1."""
+    tree = git_version()
+    report = report.rstrip("\n") + f"\n\nTree: {tree}.\n"
+    where = ("benches", "results")
+    if tree.endswith("-dirty") and os.environ.get("MVM_BENCH_DIRTY") != "1":
+        where = ("target", "bench")
+        print("bench: the tree has uncommitted changes, so this is not a publishable result: "
+              "writing it under target/bench/ (MVM_BENCH_DIRTY=1 writes benches/results/ anyway)",
+              file=sys.stderr)
+    os.makedirs(os.path.join(ROOT, *where), exist_ok=True)
+    path = os.path.join(ROOT, *where,
                         f"{datetime.date.today().isoformat()}-{'kvm' if hw else 'tcg'}-{name}.md")
     with open(path, "w") as f:
         f.write(report)
@@ -232,6 +251,7 @@ class Run:
         self.lines = []   # (fd, ms, text)
         self.snap = None  # (ms, {key: int}) or (ms, "why not")
         self.exit = None  # (ms, status, maxrss KiB)
+        self.tree = None  # peak Pss of the process tree, KiB (--tree)
 
     def first_mark(self, fd, value):
         return next((at for f, at, b in self.marks if f == fd and b == value), None)
@@ -265,7 +285,7 @@ def parse_setup(lines):
         if words[0] == "info" and len(words) >= 2:
             info[words[1]] = line.split(" ", 2)[2] if len(words) > 2 else ""
             continue
-        m = re.match(r"^(\S+) (mark|line|snap|exit) (.*)$", line)
+        m = re.match(r"^(\S+) (mark|line|snap|exit|tree) (.*)$", line)
         if not m or m.group(1).count(".") != 2:
             other.append(line)
             continue
@@ -277,6 +297,8 @@ def parse_setup(lines):
         elif kind == "line":
             fd, at, text = (rest.split(" ", 2) + [""])[:3]
             run.lines.append((int(fd), float(at), text))
+        elif kind == "tree":
+            run.tree = int(rest.split(" ")[0])
         elif kind == "snap":
             at, text = rest.split(" ", 1)
             kv = dict(w.split("=", 1) for w in text.split() if "=" in w)
@@ -309,12 +331,21 @@ def measure(runs, n):
                 values["mvm"]["teardown"].append(end - done[0])
             else:
                 failures["mvm"].append(f"run {i}: no 'exit status 0' console line")
-            if "peak rss" in stats and "guest resident" in stats:
-                values["mvm"]["overhead"].append(stats["peak rss"] - stats["guest resident"])
-                values["mvm"]["guest"].append(stats["guest resident"])
-            values["mvm"]["rss"].append(r.exit[2])
         elif r:
             failures["mvm"].append(f"run {i}: {r.why_failed()}")
+        r = runs.get(f"mvm.mem.{i}")
+        if r and r.why_failed() is None and r.tree:
+            stats = {}
+            for fd, _, text in r.lines:
+                mm = STAT_LINE.match(text)
+                if fd == 2 and mm:
+                    stats[mm.group(1)] = float(mm.group(2))
+            if "guest resident" in stats:
+                values["mvm"]["overhead"].append(r.tree - stats["guest resident"])
+                values["mvm"]["guest"].append(stats["guest resident"])
+            values["mvm"]["rss"].append(r.tree)
+        elif r:
+            failures["mvm"].append(f"memory run {i}: {r.why_failed() or 'no tree figure'}")
 
         r = runs.get(f"qemu.run.{i}")
         if r and r.why_failed() is None:
@@ -330,21 +361,26 @@ def measure(runs, n):
             failures["qemu"].append(f"run {i}: {r.why_failed()}")
         r = runs.get(f"qemu.mem.{i}")
         if r and r.why_failed() is None:
-            if r.snap and isinstance(r.snap[1], dict):
-                values["qemu"]["overhead"].append(r.exit[2] - r.snap[1]["guest_rss_kib"])
+            if r.snap and isinstance(r.snap[1], dict) and r.tree:
+                values["qemu"]["overhead"].append(r.tree - r.snap[1]["guest_rss_kib"])
                 values["qemu"]["guest"].append(r.snap[1]["guest_rss_kib"])
+                values["qemu"]["rss"].append(r.tree)
             else:
-                failures["qemu"].append(f"memory run {i}: snapshot {r.snap[1] if r.snap else 'not taken'}")
-            values["qemu"]["rss"].append(r.exit[2])
+                failures["qemu"].append(f"memory run {i}: snapshot {r.snap[1] if r.snap else 'not taken'}, "
+                                        f"tree {r.tree}")
         elif r:
             failures["qemu"].append(f"memory run {i}: {r.why_failed()}")
 
         r = runs.get(f"bwrap.run.{i}")
         if r and r.why_failed() is None:
             values["bwrap"]["command"].append(r.exit[0])
-            values["bwrap"]["rss"].append(r.exit[2])
         elif r:
             failures["bwrap"].append(f"run {i}: {r.why_failed()}")
+        r = runs.get(f"bwrap.mem.{i}")
+        if r and r.why_failed() is None and r.tree:
+            values["bwrap"]["rss"].append(r.tree)
+        elif r:
+            failures["bwrap"].append(f"memory run {i}: {r.why_failed() or 'no tree figure'}")
 
         for m, _ in MONITORS:
             r = runs.get(f"{m}.ver.{i}")
@@ -549,10 +585,13 @@ def main():
         "has exited, before the status write and the reset) to the process reaped, by exectime, for both "
         "VMMs (mvm with --console, so that its guest console reaches exectime on stderr as QEMU's serial "
         "console does through a pipe).",
-        "- VMM memory overhead: mvm's peak RSS minus its guest RAM resident when the VM stopped (mincore); "
-        "QEMU's peak RSS (wait4) minus the Rss of its guest RAM mapping, read from /proc/PID/smaps with "
-        "QEMU stopped (SIGSTOP) at the guest's exit status line, in separate runs.",
-        "- peak RSS: wait4's ru_maxrss of the process (and its reaped children) for all three.",
+        "- memory, in runs of their own (sampling costs CPU): the peak, over samples every 20 ms, of the "
+        "sum of the Pss (/proc/PID/smaps_rollup) of the process and every process below it, by exectime "
+        "--tree: for mvm that includes virtiofsd and its sandbox process, which wait4's ru_maxrss (one "
+        "process, or the largest reaped child) would leave out; Pss counts a page shared by several "
+        "(guest RAM that virtiofsd maps) once. VMM memory overhead: that peak minus the guest RAM "
+        "resident at the end (mvm: mincore, `mvm: guest resident:`; QEMU: the Rss of its guest RAM "
+        "mapping in /proc/PID/smaps, QEMU stopped at the guest's exit status line).",
     ]
     if "bwrap" not in skipped:
         lines.append(f"- bubblewrap: `bwrap {info.get('bwrap-flags', '?')} true`")

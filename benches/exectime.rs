@@ -4,7 +4,8 @@
 //! few libc calls std does not wrap are declared here.
 //!
 //!   exectime [--label L] [--marker FD]... [--lines FD]...
-//!            [--snapshot-at TEXT [--guest-kib N]] [--timeout S] -- CMD ARGS...
+//!            [--snapshot-at TEXT [--guest-kib N]] [--tree] [--timeout S]
+//!            -- CMD ARGS...
 //!
 //! All times are milliseconds since just before the fork, from
 //! CLOCK_MONOTONIC (std's Instant). Prints, each line starting with L:
@@ -23,6 +24,18 @@
 //!                         and its VmHWM are read from /proc/PID/smaps and
 //!                         status, and it is continued (SIGCONT). The run's
 //!                         times then include the pause.
+//!   L tree PEAK_KIB SAMPLES
+//!                         with --tree: the highest sum, over the samples
+//!                         taken every 20 ms while the command ran, of the
+//!                         Pss (/proc/PID/smaps_rollup) of the command and
+//!                         every process below it (a VMM and its helpers,
+//!                         e.g. virtiofsd): its whole footprint, where
+//!                         wait4's MAXRSS is one process's (or the largest
+//!                         reaped child's) and double counts nothing only
+//!                         by leaving the others out. Pss shares a page
+//!                         among the processes mapping it, so memory the
+//!                         VMM shares with a helper (guest RAM virtiofsd
+//!                         maps) is counted once.
 //!   L exit MS STATUS MAXRSS_KIB
 //!                         the command reaped (wait4): its exit status
 //!                         (128 + signal if killed) and peak RSS
@@ -154,6 +167,7 @@ fn main() {
     let mut snapshot_at: Option<String> = None;
     let mut guest_kib: u64 = 0;
     let mut timeout: Option<f64> = None;
+    let mut tree = false;
     let mut cmd: Vec<String> = Vec::new();
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage());
@@ -164,6 +178,7 @@ fn main() {
             "--snapshot-at" => snapshot_at = Some(value()),
             "--guest-kib" => guest_kib = value().parse().unwrap_or_else(|_| usage()),
             "--timeout" => timeout = Some(value().parse().unwrap_or_else(|_| usage())),
+            "--tree" => tree = true,
             "--" => {
                 cmd = args.by_ref().collect();
                 break;
@@ -276,6 +291,19 @@ fn main() {
         });
     }
 
+    let sampler = tree.then(|| {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut peak, mut samples) = (0u64, 0u64);
+            while !done.load(Ordering::SeqCst) {
+                peak = peak.max(tree_pss_kib(pid));
+                samples += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (peak, samples)
+        })
+    });
+
     let mut status = 0i32;
     let mut usage = Rusage {
         utime: Timeval { sec: 0, usec: 0 },
@@ -317,9 +345,54 @@ fn main() {
             Event::Snap(at, text) => writeln!(out, "{label} snap {at:.3} {text}"),
         };
     }
+    if let Some((peak, samples)) = sampler.and_then(|s| s.join().ok()) {
+        let _ = writeln!(out, "{label} tree {peak} {samples}");
+    }
     let _ = writeln!(out, "{label} exit {reaped:.3} {code} {}", usage.maxrss);
     let _ = out.flush();
     std::process::exit(code);
+}
+
+/// The sum of the Pss of `root` and of every process descending from it
+/// (by /proc/PID/stat's ppid), in KiB; processes gone meanwhile count 0.
+fn tree_pss_kib(root: i32) -> u64 {
+    let mut parent = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // "PID (COMM) STATE PPID ...": comm may hold spaces, not ')'.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok())
+        {
+            parent.insert(pid, ppid);
+        }
+    }
+    let below_root = |mut pid: i32| {
+        for _ in 0..64 {
+            if pid == root {
+                return true;
+            }
+            match parent.get(&pid) {
+                Some(&p) if p > 0 => pid = p,
+                _ => return false,
+            }
+        }
+        false
+    };
+    parent
+        .keys()
+        .filter(|&&pid| below_root(pid))
+        .map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+                .ok()
+                .and_then(|s| status_field(&s, "Pss:"))
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 fn key(e: &Event) -> f64 {
