@@ -356,11 +356,25 @@ pub fn guest_kernel_release() -> String {
         .to_string()
 }
 
-/// At most a few KiB of an output, for the test log.
-fn clip(text: &str) -> &str {
-    let mut end = text.len().min(4096);
-    while !text.is_char_boundary(end) {
-        end -= 1;
+/// At most a few KiB of an output for the test log: its start and its end
+/// (where a failure usually shows), the middle left out.
+fn clip(text: &str) -> String {
+    const EACH: usize = 2048;
+    if text.len() <= 2 * EACH {
+        return text.to_string();
     }
-    &text[..end]
+    let mut head = EACH;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - EACH;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}\n[... {} bytes left out ...]\n{}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
 }

@@ -145,19 +145,30 @@ fn cpus_and_memory_reach_the_guest() {
 fn poweroff_and_reboot_in_the_guest_end_the_vm_cleanly() {
     // busybox signals PID 1 for these; guest-init ends the command and
     // stops the VM as after any command. Were the request ignored, the
-    // shell would read on, and at end of input exit 0 all the same: so the
-    // next line, which must never run, prints a marker after a pause long
-    // enough for the request to have ended the VM (the tty echoes the line
-    // itself, hence the arithmetic: only running it prints 42-lingered).
+    // shell would read on, and with `exit 0` typed next end the VM with 0
+    // all the same: so the line in between, which must never run, prints a
+    // marker after a pause long enough for the request to have ended the
+    // VM (the tty echoes the line itself, hence the arithmetic: only
+    // running it prints 42-lingered).
     for command in ["poweroff", "reboot"] {
-        let input = format!("{command}\nsleep 20; echo $((6 * 7))-lingered\n");
+        let input = format!("{command}\nsleep 20; echo $((6 * 7))-lingered\nexit 0\n");
         let run = mvm(&["boot", "--timeout", "60"], input.as_bytes());
-        assert_eq!(run.code, Some(0), "{command} ends the VM with 0");
+        let mut from = run.stdout.len().saturating_sub(2000);
+        while !run.stdout.is_char_boundary(from) {
+            from += 1;
+        }
+        let tail = &run.stdout[from..];
+        // The shell's line editor shows each line it reads after its
+        // prompt: without this the request might never have been typed.
+        assert!(
+            run.stdout.contains(&format!("# {command}")),
+            "the shell never read the {command} line: ...{tail}"
+        );
         assert!(
             !run.stdout.contains("42-lingered"),
-            "the guest kept running after {command}: {}",
-            run.stdout
+            "the guest kept running after {command}: ...{tail}"
         );
+        assert_eq!(run.code, Some(0), "{command} ends the VM with 0");
         assert!(
             run.stdout.contains("mvm-init: ready"),
             "the shell was reached: {}",
