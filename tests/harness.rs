@@ -260,6 +260,7 @@ pub fn testhost_hang(run: &Run) -> Option<&str> {
     wrapper_lines(&run.stderr, "the test host hung: ")
         .into_iter()
         .next()
+        .map(|why| why.trim_end_matches("; its console log follows"))
 }
 
 fn mvm_once(options: &Options, args: &[&str]) -> Run {
