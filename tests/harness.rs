@@ -247,6 +247,16 @@ pub fn mvm_with(options: &Options, args: &[&str]) -> Run {
     let run = mvm_once(options, args);
     if let Some(why) = testhost_hang(&run) {
         note_event("retry", &format!("{args:?}: {why}"));
+        // The hung attempt's whole stderr (the test host's console tail
+        // included), kept for finding out why the test host hangs.
+        let dir = events_dir();
+        if let Ok(mut f) = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("retry-attempts.log"))
+        {
+            let _ = writeln!(f, "=== {args:?}\n{}", run.stderr);
+        }
         return mvm_once(options, args);
     }
     run
