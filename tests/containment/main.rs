@@ -1,8 +1,10 @@
 //! The containment battery (issue 5): attack the sandbox from inside and
 //! check on the host that every boundary held. One test per attack, each
 //! with a positive control that would fail if the protection were gone;
-//! each writes a report row (`battery::Check`) before its verdict, and
-//! `make battery` turns the rows into docs/containment.md.
+//! each writes a report row (`battery::Check`: what was tried, where its
+//! evidence comes from, its control, what was observed) before its
+//! verdict, and `make battery` turns the rows into
+//! target/containment/report.md (`make battery-doc`: docs/containment.md).
 //!
 //! Like the end-to-end tests these go through `tests/testhost/mvm` and
 //! need `make`; they are `#[ignore]`d, and this target is left out of a

@@ -20,13 +20,16 @@ use crate::battery::{
 };
 
 /// Starts a sampler on the host: `probe` (shell printing one number) every
-/// 0.2 s into /run/tmp/samples, its pid in /run/tmp/sampler.pid.
+/// 0.2 s into /run/tmp/samples, its pid in /run/tmp/sampler.pid; returns
+/// once it has taken a few samples (the baseline before mvm starts),
+/// however long that takes, within a generous bound.
 fn sampler(probe: &str) -> String {
     format!(
         r#"
 (while :; do {probe}; sleep 0.2; done) >/run/tmp/samples 2>/dev/null </dev/null &
 echo $! >/run/tmp/sampler.pid
-sleep 1
+i=0
+while [ "$(wc -l </run/tmp/samples)" -lt 3 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 "#
     )
 }
