@@ -1,4 +1,5 @@
-//! The whole VMM (builder, devices, vCPU threads, event loop, runner) on
+//! The whole machine (boot, devices, vCPU threads and their pause and
+//! resume, event loop, device save and restore) on
 //! this machine's own /dev/kvm, with a hand-written 64-bit guest of a few
 //! instructions instead of Linux.
 //!
@@ -15,10 +16,9 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{asm, elf_image, kvm_or_skip};
-use mvm::builder;
-use mvm::config::VmConfig;
+use mvm::config::{VmConfig, VsockConfig};
 use mvm::console::ConsoleOutput;
-use mvm::runner::{self, Outcome, RunOptions};
+use mvm::machine::{self, boot, Outcome, StopReason};
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -33,10 +33,14 @@ impl Write for Captured {
     }
 }
 
-fn run_guest(code: &[u8], vcpus: u8, timeout: Option<Duration>) -> (Outcome, String, bool) {
-    let kernel = vmm_sys_util::tempfile::TempFile::new().unwrap();
-    kernel.as_file().write_all(&elf_image(code)).unwrap();
-    let config = VmConfig {
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+fn config(kernel: &vmm_sys_util::tempfile::TempFile, vcpus: u8) -> VmConfig {
+    VmConfig {
         kernel: kernel.as_path().to_owned(),
         initrd: None,
         cmdline: "console=ttyS0".into(),
@@ -44,22 +48,172 @@ fn run_guest(code: &[u8], vcpus: u8, timeout: Option<Duration>) -> (Outcome, Str
         mem_size: 64 << 20,
         vsock: None,
         shares: Vec::new(),
-    };
+    }
+}
+
+fn kernel_file(code: &[u8]) -> vmm_sys_util::tempfile::TempFile {
+    let kernel = vmm_sys_util::tempfile::TempFile::new().unwrap();
+    kernel.as_file().write_all(&elf_image(code)).unwrap();
+    kernel
+}
+
+fn run_guest(code: &[u8], vcpus: u8, timeout: Option<Duration>) -> (Outcome, String, bool) {
+    let kernel = kernel_file(code);
     let out = Captured::default();
-    let started = Instant::now();
-    let vmm = builder::build(&config, ConsoleOutput::new(Box::new(out.clone()))).unwrap();
-    let report = runner::run(
-        vmm,
-        RunOptions {
-            started,
-            timeout: Some(timeout.unwrap_or(Duration::from_secs(60))),
-            forward_stdin: false,
-            measure: false,
-        },
+    let mut machine = boot::boot(
+        &config(&kernel, vcpus),
+        ConsoleOutput::new(Box::new(out.clone())),
     )
     .unwrap();
-    let text = String::from_utf8_lossy(&out.0.lock().unwrap()).into_owned();
-    (report.outcome, text, report.boot_to_init.is_some())
+    let deadline = Instant::now() + timeout.unwrap_or(Duration::from_secs(60));
+    machine.start().unwrap();
+    let ended = machine.wait(Some(deadline)).unwrap();
+    assert_eq!(ended.vcpus_left_behind, 0, "every vCPU thread was joined");
+    (ended.outcome, out.text(), !ended.markers.is_empty())
+}
+
+/// Prints "x\n" forever.
+fn chatty_guest() -> Vec<u8> {
+    let mut code = asm::print(b"x\n");
+    let back = -(code.len() as i8) - 2;
+    code.extend([0xeb, back as u8]); // jmp to the start
+    code
+}
+
+/// Polls `cond` for up to 20 s (a loaded machine is slow, never this slow).
+fn eventually(cond: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn a_paused_machine_runs_no_guest_code_until_resumed_and_is_joined_at_the_end() {
+    let Some(()) =
+        kvm_or_skip("a_paused_machine_runs_no_guest_code_until_resumed_and_is_joined_at_the_end")
+    else {
+        return;
+    };
+    let kernel = kernel_file(&chatty_guest());
+    let out = Captured::default();
+    let mut machine = boot::boot(
+        &config(&kernel, 2),
+        ConsoleOutput::new(Box::new(out.clone())),
+    )
+    .unwrap();
+    machine.start().unwrap();
+    assert!(
+        eventually(|| out.0.lock().unwrap().len() > 100),
+        "the guest prints"
+    );
+    assert!(
+        matches!(machine.save_devices(), Err(machine::Error::NotPaused)),
+        "devices are not saved under a running guest"
+    );
+
+    machine.pause().unwrap();
+    assert!(machine.is_paused());
+    let paused_at = out.0.lock().unwrap().len();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        out.0.lock().unwrap().len(),
+        paused_at,
+        "no output while paused"
+    );
+    machine.save_devices().expect("paused devices save");
+
+    machine.resume();
+    assert!(
+        eventually(|| out.0.lock().unwrap().len() > paused_at + 100),
+        "output again after resume"
+    );
+    assert!(!machine.is_paused());
+
+    // A guest that never stops by itself: the host ends it, and every vCPU
+    // thread (one of them in KVM_RUN, one parked by the guest's BSP-only
+    // code) is kicked out and joined.
+    machine.stop_handle().stop(StopReason::Host);
+    let ended = machine.wait(None).unwrap();
+    assert_eq!(ended.outcome, Outcome::Stopped);
+    assert_eq!(ended.vcpus_left_behind, 0);
+    let stopped_at = out.0.lock().unwrap().len();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        out.0.lock().unwrap().len(),
+        stopped_at,
+        "no output after the end"
+    );
+}
+
+#[test]
+fn saved_devices_rebuild_an_identical_device_set_and_a_foreign_one_is_refused() {
+    let Some(()) =
+        kvm_or_skip("saved_devices_rebuild_an_identical_device_set_and_a_foreign_one_is_refused")
+    else {
+        return;
+    };
+    let dir =
+        vmm_sys_util::tempdir::TempDir::new_with_prefix(std::env::temp_dir().join("mvm-save-"))
+            .unwrap();
+    let kernel = kernel_file(&common::parked_guest_code());
+    let mut cfg = config(&kernel, 1);
+    cfg.vsock = Some(VsockConfig {
+        cid: 3,
+        uds_path: dir.as_path().join("a.sock"),
+    });
+    let out = Captured::default();
+    let mut machine = boot::boot(&cfg, ConsoleOutput::new(Box::new(out.clone()))).unwrap();
+    assert_eq!(
+        machine.device_ids(),
+        ["serial0", "i8042", "status", "vsock-3"]
+    );
+    machine.start().unwrap();
+    assert!(eventually(|| out.text() == "hi\n"));
+    machine.pause().unwrap();
+    let saved = machine.save_devices().unwrap();
+    // Through a serialised form, as a snapshot file would carry it.
+    let json = serde_json::to_string(&saved).unwrap();
+    let saved: machine::registry::DeviceStates = serde_json::from_str(&json).unwrap();
+    match saved.get("status") {
+        Some(mvm_devices::state::DeviceState::StatusPort(s)) => assert_eq!(s.markers, [1]),
+        other => panic!("status port state: {other:?}"),
+    }
+
+    cfg.vsock.as_mut().unwrap().uds_path = dir.as_path().join("b.sock");
+    let restored =
+        machine::with_saved_devices(&cfg, ConsoleOutput::new(Box::new(io::sink())), &saved)
+            .unwrap();
+    assert_eq!(
+        restored.save_devices().unwrap(),
+        saved,
+        "save(restore(s)) == s"
+    );
+
+    let mut no_vsock = cfg.clone();
+    no_vsock.vsock = None;
+    let err =
+        machine::with_saved_devices(&no_vsock, ConsoleOutput::new(Box::new(io::sink())), &saved)
+            .err()
+            .expect("a machine without the saved vsock device is refused");
+    assert!(err.to_string().contains("vsock-3"), "{err}");
+
+    let mut other_cid = cfg.clone();
+    other_cid.vsock = Some(VsockConfig {
+        cid: 4,
+        uds_path: dir.as_path().join("c.sock"),
+    });
+    assert!(
+        machine::with_saved_devices(&other_cid, ConsoleOutput::new(Box::new(io::sink())), &saved)
+            .is_err(),
+        "a vsock device of another CID is not the saved one"
+    );
+    machine.stop_handle().stop(StopReason::Host);
+    assert_eq!(machine.wait(None).unwrap().vcpus_left_behind, 0);
 }
 
 #[test]

@@ -172,6 +172,11 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
         ThreadKind::Session | ThreadKind::Signals => TERMINAL_IOCTLS,
     };
     rules.insert(libc::SYS_ioctl, arg_is_one_of(1, ioctls).map_err(build)?);
+    if kind == ThreadKind::Vmm {
+        // Kicking a vCPU thread out of KVM_RUN (pause, stop): only this
+        // process's threads, only with the kick signal.
+        rules.insert(libc::SYS_tgkill, vec![own_kick().map_err(build)?]);
+    }
     if matches!(kind, ThreadKind::Session | ThreadKind::Signals) {
         // Threads started from these name themselves (and their stacks).
         let options = [libc::PR_SET_NAME as u64, PR_SET_VMA];
@@ -198,6 +203,28 @@ fn arg_is_one_of(arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, seccompile
                 .and_then(|c| SeccompRule::new(vec![c]))
         })
         .collect()
+}
+
+/// The real-time signal that gets a vCPU thread out of `KVM_RUN` (its
+/// handler does nothing; machine/vcpu.rs). Firecracker uses SIGRTMIN + 0
+/// too; nothing else in mvm uses real-time signals.
+pub fn vcpu_kick_signal() -> i32 {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+/// `tgkill(getpid(), _, kick signal)`.
+fn own_kick() -> Result<SeccompRule, seccompiler::BackendError> {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u64;
+    SeccompRule::new(vec![
+        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid)?,
+        SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            vcpu_kick_signal() as u64,
+        )?,
+    ])
 }
 
 /// Argument `arg` (a `prot`) without PROT_EXEC: no new executable memory.

@@ -1,7 +1,8 @@
 //! One `mvm run`: the session directory, the exec client on its own
-//! thread, signal forwarding and the user's terminal. The VM itself runs
-//! on the caller's thread (`runner::run`); this module only talks to the
-//! guest agent through the vsock device's Unix socket.
+//! thread, signal forwarding and the user's terminal. The machine itself
+//! runs on the caller's thread (`Machine::wait`); this module only talks to the
+//! guest agent through the vsock device's Unix socket, and stops the machine
+//! only through its stop handle.
 
 pub mod client;
 pub mod dir;
@@ -12,17 +13,16 @@ use crate::confine::{seccomp, ThreadKind};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::machine::{StopHandle, StopReason};
 use mvm_protocol::{ExecRequest, Exit, Message, AGENT_PORT};
-use vmm_sys_util::eventfd::EventFd;
 
 pub use dir::SessionDir;
-pub use signals::{Target, Teardown};
+pub use signals::Target;
 
 /// After the command's exit status arrives the guest reboots by itself;
 /// if it has not within this long, the VMM stops it.
@@ -40,19 +40,13 @@ pub struct Session {
     stream: Arc<Mutex<Option<UnixStream>>>,
 }
 
-/// What the session thread needs from the VM.
-pub struct VmHandle {
-    pub stopped: Arc<AtomicBool>,
-    pub stop_evt: Arc<EventFd>,
-}
-
 /// Starts the exec client: it waits for the guest agent, sends `request`
 /// and relays the command's stdio until it exits.
 pub fn start(
     uds: PathBuf,
     request: ExecRequest,
     forward_stdin: bool,
-    vm: VmHandle,
+    vm: StopHandle,
     target: Target,
 ) -> std::io::Result<Session> {
     let (tx, done) = mpsc::channel();
@@ -78,11 +72,11 @@ fn exec(
     uds: &std::path::Path,
     request: ExecRequest,
     forward_stdin: bool,
-    vm: &VmHandle,
+    vm: &StopHandle,
     target: &Target,
     slot: &Mutex<Option<UnixStream>>,
 ) -> Result<Ended, client::Error> {
-    let stream = client::connect(uds, AGENT_PORT, &|| vm.stopped.load(Ordering::SeqCst))?;
+    let stream = client::connect(uds, AGENT_PORT, &|| vm.is_stopped())?;
     if let Ok(mut s) = slot.lock() {
         *s = stream.try_clone().ok();
     }
@@ -104,15 +98,15 @@ fn exec(
     exit
 }
 
-fn stop_guest_if_lingering(vm: &VmHandle) {
+fn stop_guest_if_lingering(vm: &StopHandle) {
     let deadline = Instant::now() + GUEST_STOP_GRACE;
     while Instant::now() < deadline {
-        if vm.stopped.load(Ordering::SeqCst) {
+        if vm.is_stopped() {
             return;
         }
         thread::sleep(Duration::from_millis(20));
     }
-    let _ = vm.stop_evt.write(1);
+    vm.stop(StopReason::Host);
 }
 
 impl Session {

@@ -6,7 +6,6 @@
 //! forward to, so any of them ends the run at once.
 
 use crate::confine::{seccomp, ThreadKind};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -14,49 +13,20 @@ use std::time::Duration;
 use mvm_protocol::{Message, Resize, Signal};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
 use signal_hook::iterator::Signals;
-use vmm_sys_util::eventfd::EventFd;
 
 use super::client::{self, Writer};
 use super::terminal;
+use crate::machine::{StopHandle, StopReason};
 
 /// How long a command gets to exit after a forwarded SIGTERM or SIGHUP.
 pub const TERMINATE_GRACE: Duration = Duration::from_secs(5);
 
-/// Ends the VM from outside the event loop, remembering the signal why.
-#[derive(Clone)]
-pub struct Teardown {
-    stop_evt: Arc<EventFd>,
-    signal: Arc<AtomicI32>,
-}
-
-impl Teardown {
-    pub fn new(stop_evt: Arc<EventFd>) -> Self {
-        Self {
-            stop_evt,
-            signal: Arc::new(AtomicI32::new(0)),
-        }
-    }
-
-    pub fn now(&self, signal: i32) {
-        let _ = self
-            .signal
-            .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
-        let _ = self.stop_evt.write(1);
-    }
-
-    /// The signal that tore the VM down, if one did.
-    pub fn signal(&self) -> Option<i32> {
-        match self.signal.load(Ordering::SeqCst) {
-            0 => None,
-            s => Some(s),
-        }
-    }
-}
-
 /// Where forwarded signals go once the command runs.
 pub type Target = Arc<Mutex<Option<Writer>>>;
 
-pub fn forward(teardown: Teardown, target: Target) -> std::io::Result<()> {
+/// Ends the VM through `stop` (with the signal as the reason) where a
+/// signal cannot be forwarded.
+pub fn forward(stop: StopHandle, target: Target) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH])?;
     thread::Builder::new()
         .name("mvm-signals".into())
@@ -66,7 +36,7 @@ pub fn forward(teardown: Teardown, target: Target) -> std::io::Result<()> {
                 let writer = target.lock().ok().and_then(|t| t.clone());
                 let Some(writer) = writer else {
                     if sig != SIGWINCH {
-                        teardown.now(sig);
+                        stop.stop(StopReason::Signal(sig));
                     }
                     continue;
                 };
@@ -77,15 +47,15 @@ pub fn forward(teardown: Teardown, target: Target) -> std::io::Result<()> {
                     Message::Signal(Signal { signal: sig })
                 };
                 if client::send(&writer, &msg).is_err() {
-                    teardown.now(sig);
+                    stop.stop(StopReason::Signal(sig));
                     continue;
                 }
                 if sig == SIGTERM || sig == SIGHUP {
-                    let teardown = teardown.clone();
+                    let stop = stop.clone();
                     thread::spawn(move || {
                         seccomp::inherited(ThreadKind::Signals);
                         thread::sleep(TERMINATE_GRACE);
-                        teardown.now(sig);
+                        stop.stop(StopReason::Signal(sig));
                     });
                 }
             }

@@ -4,16 +4,15 @@
 
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use vmm_sys_util::eventfd::EventFd;
 
 use mvm_devices::legacy::{GuestReport, BOOT_MARKER_INIT_READY};
 
-use crate::device_manager::SerialConsole;
+use super::attach::SerialConsole;
+use super::stop::StopHandle;
 
 /// While console input waits for room in the UART FIFO, the loop wakes this
 /// often to offer it again (the UART has no "FIFO drained" event).
@@ -30,24 +29,22 @@ pub enum Error {
     Run(event_manager::Error),
 }
 
-/// Sets `stopped` when the VM's stop eventfd fires (i8042 reset, or a vCPU
-/// that stopped).
+/// Marks the stop seen when the stop handle's eventfd fires.
 struct StopWatcher {
-    evt: Arc<EventFd>,
-    stopped: Arc<AtomicBool>,
+    stop: StopHandle,
 }
 
 impl MutEventSubscriber for StopWatcher {
     fn process(&mut self, _events: Events, _ops: &mut EventOps) {
-        let _ = self.evt.read();
-        self.stopped.store(true, Ordering::SeqCst);
+        let _ = self.stop.event().read();
+        self.stop.mark_seen();
     }
 
     fn init(&mut self, ops: &mut EventOps) {
         // Registration can only fail if the fd is already registered, which
         // cannot happen for a fresh subscriber; without it the VM would never
         // be seen to stop, so say so loudly.
-        if let Err(e) = ops.add(Events::new(self.evt.as_ref(), EventSet::IN)) {
+        if let Err(e) = ops.add(Events::new(self.stop.event(), EventSet::IN)) {
             eprintln!("mvm: cannot watch the VM's stop event: {e}");
         }
     }
@@ -136,7 +133,7 @@ impl ConsoleFeed {
 
 pub struct EventLoop {
     manager: EventManager<Box<dyn MutEventSubscriber + Send>>,
-    stopped: Arc<AtomicBool>,
+    stop: StopHandle,
     input: Option<ConsoleFeed>,
 }
 
@@ -144,21 +141,20 @@ pub struct EventLoop {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Wait {
     Stopped,
-    TimedOut,
+    /// The deadline passed with the VM still running.
+    Deadline,
 }
 
 impl EventLoop {
-    /// `stopped` is set once the stop eventfd fires.
-    pub fn new(stop_evt: Arc<EventFd>, stopped: Arc<AtomicBool>) -> Result<Self, Error> {
+    /// The loop ends when `stop` fires.
+    pub fn new(stop: StopHandle) -> Result<Self, Error> {
         let mut manager = EventManager::new().map_err(Error::Create)?;
-        let watcher: Box<dyn MutEventSubscriber + Send> = Box::new(StopWatcher {
-            evt: stop_evt,
-            stopped: stopped.clone(),
-        });
+        let watcher: Box<dyn MutEventSubscriber + Send> =
+            Box::new(StopWatcher { stop: stop.clone() });
         manager.add_subscriber(watcher);
         Ok(Self {
             manager,
-            stopped,
+            stop,
             input: None,
         })
     }
@@ -186,13 +182,13 @@ impl EventLoop {
 
     /// Runs until the VM stops or `deadline` passes.
     pub fn run_until_stopped(&mut self, deadline: Option<Instant>) -> Result<Wait, Error> {
-        while !self.stopped.load(Ordering::SeqCst) {
+        while !self.stop.is_stopped() {
             let input_waiting = self.input.as_ref().is_some_and(ConsoleFeed::waiting);
             let mut timeout = input_waiting.then_some(INPUT_RETRY);
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Ok(Wait::TimedOut);
+                    return Ok(Wait::Deadline);
                 }
                 timeout = Some(timeout.map_or(left, |t| t.min(left)));
             }
