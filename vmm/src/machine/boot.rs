@@ -2,10 +2,12 @@
 //! `builder.rs`, vmm-reference's `Vmm::try_from`): what every machine gets
 //! (`create`: KVM, the VM with irqchip and PIT, guest memory, devices,
 //! vCPU fds), then what only a boot does: kernel, initramfs, command line
-//! and boot_params, MP table, and each vCPU's CPUID, MSRs, registers and
-//! LAPIC. The result is ready to start.
+//! and boot_params, MP table, and each vCPU's CPUID (KVM's supported set,
+//! plus what it emulates without listing it), MSRs, registers and LAPIC.
+//! The result is ready to start.
 
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_ioctls::Cap;
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::load_cmdline;
 use vm_memory::GuestAddress;
@@ -13,7 +15,7 @@ use vm_memory::GuestAddress;
 use super::create::create;
 use super::{kernel, Error, Machine};
 use crate::arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START};
-use crate::arch::x86_64::{boot_params, mptable};
+use crate::arch::x86_64::{boot_params, cpuid, mptable};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
 
@@ -42,9 +44,15 @@ pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error>
     boot_params::write(mem, &params)?;
     mptable::setup(mem, config.vcpus)?;
 
-    let supported = kvm
+    let mut supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(Error::SupportedCpuid)?;
+    cpuid::advertise_emulated(
+        &mut supported,
+        cpuid::Emulated {
+            tsc_deadline_timer: kvm.check_extension(Cap::TscDeadlineTimer),
+        },
+    );
     for (id, vcpu) in machine.vcpus.iter().enumerate() {
         let entry = (id == 0).then_some(kernel.entry);
         vcpu.configure(&supported, config.vcpus, mem, entry)?;
