@@ -20,7 +20,7 @@ use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
 
 pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error> {
-    let (mut machine, kvm) = create(config, console, None)?;
+    let (mut machine, kvm) = create(config, console, None, None)?;
     let mem = &machine.mem;
 
     let kernel = kernel::load_kernel(mem, &config.kernel)?;

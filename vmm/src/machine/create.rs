@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use mvm_devices::legacy::GuestReport;
+use vm_memory::GuestMemoryMmap;
 
 use super::attach::{self, DeviceEnv};
 use super::event_loop::EventLoop;
@@ -18,23 +19,28 @@ use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
 
 /// A machine with all its devices (rebuilt from `saved` when given) and
-/// its vCPUs created but neither configured nor started.
+/// its vCPUs created but neither configured nor started. Guest RAM is
+/// `restored` (a snapshot's) or new.
 pub fn create(
     config: &VmConfig,
     console: ConsoleOutput,
     saved: Option<&DeviceStates>,
+    restored: Option<GuestMemoryMmap>,
 ) -> Result<(Machine, kvm_ioctls::Kvm), Error> {
     vcpu::install_kick_handler()?;
     let kvm = kvm::open_kvm()?;
     let vm = kvm::create_vm(&kvm)?;
+    let msr_index = Arc::new(kvm::msr_index(&kvm)?);
 
-    // A vhost-user backend maps guest memory itself, so it must be a file.
-    let backing = if config.shares.is_empty() {
-        memory::Backing::Private
-    } else {
-        memory::Backing::Shared
+    let mem = match restored {
+        Some(mem) => mem,
+        // A vhost-user backend maps guest memory itself, so it must be a
+        // file.
+        None if config.shares.is_empty() => {
+            memory::create(config.mem_size, memory::Backing::Private)?
+        }
+        None => memory::create(config.mem_size, memory::Backing::Shared)?,
     };
-    let mem = memory::create(config.mem_size, backing)?;
     kvm::register_memory(&vm, &mem)?;
 
     let stop = StopHandle::new().map_err(Error::StopEvent)?;
@@ -71,7 +77,7 @@ pub fn create(
         event_loop.add_subscriber(subscriber);
     }
     let vcpus = (0..config.vcpus)
-        .map(|id| Vcpu::new(&vm, id))
+        .map(|id| Vcpu::new(&vm, id, msr_index.clone()))
         .collect::<Result<Vec<_>, _>>()?;
 
     let machine = Machine {

@@ -19,10 +19,13 @@ pub mod kvm;
 pub mod memory;
 pub mod outcome;
 pub mod registry;
+mod restore;
+pub mod snapshot;
 pub mod stop;
 pub mod vcpu;
 pub mod vsock;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,6 +42,8 @@ use crate::confine::{seccomp, ThreadKind};
 use attach::SerialConsole;
 use event_loop::{EventLoop, Wait};
 use registry::{DeviceRegistry, DeviceStates};
+use snapshot::vm_state::VmState;
+use snapshot::MachineState;
 use vcpu::{StartGate, Vcpu, VcpuHandle};
 
 pub use outcome::Outcome;
@@ -78,12 +83,17 @@ pub enum Error {
     NotPaused,
     #[error(transparent)]
     Save(#[from] SaveError),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::Error),
+    #[error(transparent)]
+    VmState(#[from] snapshot::vm_state::Error),
+    #[error("cannot restore: {0}")]
+    Restore(String),
 }
 
 pub struct Machine {
-    /// Kept for the machine's lifetime: the memory regions and irqfds
-    /// belong to it.
-    #[allow(dead_code)]
+    /// The memory regions and irqfds belong to it; the in-kernel devices'
+    /// state is read and set through it.
     vm: VmFd,
     mem: GuestMemoryMmap,
     pio: Arc<Bus>,
@@ -113,6 +123,8 @@ pub struct Ended {
     pub vcpus_left_behind: usize,
 }
 
+pub use restore::restore;
+
 /// A machine whose devices are rebuilt from `saved` instead of fresh, its
 /// vCPUs created but not configured: the half of a restore that boot
 /// shares (guest memory and vCPU, irqchip and clock state come with
@@ -122,7 +134,7 @@ pub fn with_saved_devices(
     console: crate::console::ConsoleOutput,
     saved: &DeviceStates,
 ) -> Result<Machine, Error> {
-    create::create(config, console, Some(saved)).map(|(machine, _)| machine)
+    create::create(config, console, Some(saved), None).map(|(machine, _)| machine)
 }
 
 impl Machine {
@@ -207,6 +219,37 @@ impl Machine {
             return Err(Error::NotPaused);
         }
         Ok(self.registry.save()?)
+    }
+
+    /// Saves the whole machine to a snapshot at `dir` (snapshot/mod.rs):
+    /// every vCPU (read by its own thread), the VM's in-kernel devices,
+    /// every device in the registry and guest RAM. Only while paused (or
+    /// before the start); the machine can resume afterwards.
+    pub fn snapshot(&self, dir: &Path) -> Result<(), Error> {
+        if !self.is_paused() {
+            return Err(Error::NotPaused);
+        }
+        let vcpus = if self.handles.is_empty() {
+            self.vcpus
+                .iter()
+                .map(Vcpu::save_state)
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            self.handles
+                .iter()
+                .map(VcpuHandle::save_state)
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let state = MachineState {
+            mem_size: self.mem.iter().map(|r| r.len()).sum(),
+            cmdline: self.cmdline.clone(),
+            vm: VmState::save(&self.vm)?,
+            vcpus,
+            devices: self.registry.save()?,
+            regions: snapshot::layout(&self.mem),
+        };
+        snapshot::write(dir, &state, &self.mem)?;
+        Ok(())
     }
 
     /// Serves the devices until the machine stops or `deadline` passes,

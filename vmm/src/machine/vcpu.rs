@@ -25,6 +25,7 @@ use mvm_devices::bus::Bus;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::{register_signal_handler, Killable};
 
+use super::snapshot::vcpu_state::{Error as VcpuStateError, VcpuState};
 use super::stop::{StopHandle, StopReason};
 use crate::arch::x86_64::{cpuid, interrupts, msr, regs};
 
@@ -71,6 +72,12 @@ pub enum Error {
     KickHandler(io::Error),
     #[error("vCPU {id} did not pause within {VCPU_EXIT_GRACE:?}")]
     PauseTimeout { id: u8 },
+    #[error("vCPU {id} is not paused")]
+    NotPaused { id: u8 },
+    #[error("cannot save vCPU {id}: {why}")]
+    Save { id: u8, why: String },
+    #[error(transparent)]
+    State(#[from] VcpuStateError),
 }
 
 /// Where new vCPU threads wait until the machine lets them into the
@@ -129,6 +136,8 @@ impl StartGate {
 enum Want {
     Run,
     Pause,
+    /// Save the state, then stay paused.
+    Save,
     Exit,
 }
 
@@ -140,31 +149,48 @@ enum Where {
     Gone,
 }
 
+struct ControlState {
+    want: Want,
+    at: Where,
+    /// A save the handle asked for, once the thread made it.
+    saved: Option<Result<VcpuState, String>>,
+}
+
 struct Control {
-    state: Mutex<(Want, Where)>,
+    state: Mutex<ControlState>,
     changed: Condvar,
 }
 
 impl Control {
-    fn lock(&self) -> MutexGuard<'_, (Want, Where)> {
-        // The state is two enums: a panic elsewhere leaves it consistent.
+    fn lock(&self) -> MutexGuard<'_, ControlState> {
+        // The state is plain data: a panic elsewhere leaves it consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The vCPU thread, between two KVM_RUNs: false when it must leave.
-    fn checkpoint(&self) -> bool {
+    /// While paused it also serves save requests, so the vCPU's state is
+    /// read by the thread that owns its fd.
+    fn checkpoint(&self, vcpu: &Vcpu) -> bool {
         let mut state = self.lock();
         loop {
-            match state.0 {
+            match state.want {
                 Want::Run => {
-                    state.1 = Where::Running;
+                    state.at = Where::Running;
                     self.changed.notify_all();
                     return true;
                 }
                 Want::Exit => return false,
+                Want::Save => {
+                    state.saved = Some(
+                        VcpuState::save(vcpu.id, &vcpu.fd, &vcpu.msr_index)
+                            .map_err(|e| e.to_string()),
+                    );
+                    state.want = Want::Pause;
+                    self.changed.notify_all();
+                }
                 Want::Pause => {
-                    if state.1 != Where::Paused {
-                        state.1 = Where::Paused;
+                    if state.at != Where::Paused {
+                        state.at = Where::Paused;
                         self.changed.notify_all();
                     }
                     state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
@@ -174,7 +200,7 @@ impl Control {
     }
 
     fn gone(&self) {
-        self.lock().1 = Where::Gone;
+        self.lock().at = Where::Gone;
         self.changed.notify_all();
     }
 }
@@ -196,8 +222,8 @@ impl VcpuHandle {
 
     fn want(&self, want: Want) {
         let mut state = self.control.lock();
-        if state.0 != Want::Exit {
-            state.0 = want;
+        if state.want != Want::Exit {
+            state.want = want;
         }
         self.control.changed.notify_all();
     }
@@ -207,7 +233,7 @@ impl VcpuHandle {
         let deadline = Instant::now() + grace;
         let mut state = self.control.lock();
         loop {
-            if arrived(state.1) {
+            if arrived(state.at) {
                 return true;
             }
             let now = Instant::now();
@@ -244,7 +270,31 @@ impl VcpuHandle {
 
     /// Whether the thread is paused right now.
     pub fn is_paused(&self) -> bool {
-        self.control.lock().1 == Where::Paused
+        self.control.lock().at == Where::Paused
+    }
+
+    /// The vCPU's state, read by its own thread; only while paused.
+    pub fn save_state(&self) -> Result<VcpuState, Error> {
+        let mut state = self.control.lock();
+        if state.at != Where::Paused || state.want != Want::Pause {
+            return Err(Error::NotPaused { id: self.id });
+        }
+        state.saved = None;
+        state.want = Want::Save;
+        self.control.changed.notify_all();
+        loop {
+            if let Some(saved) = state.saved.take() {
+                return saved.map_err(|why| Error::Save { id: self.id, why });
+            }
+            if state.at == Where::Gone {
+                return Err(Error::NotPaused { id: self.id });
+            }
+            state = self
+                .control
+                .changed
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Ends the thread and joins it; false if it did not leave within
@@ -275,6 +325,8 @@ enum VcpuStop {
 pub struct Vcpu {
     id: u8,
     fd: VcpuFd,
+    /// The MSRs KVM saves and restores (`KVM_GET_MSR_INDEX_LIST`).
+    msr_index: Arc<Vec<u32>>,
 }
 
 fn configure_err(id: u8, what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
@@ -286,12 +338,27 @@ fn configure_err(id: u8, what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -
 }
 
 impl Vcpu {
-    pub fn new(vm: &VmFd, id: u8) -> Result<Self, Error> {
+    pub fn id(&self) -> u8 {
+        self.id
+    }
+
+    pub fn new(vm: &VmFd, id: u8, msr_index: Arc<Vec<u32>>) -> Result<Self, Error> {
         let fd = vm.create_vcpu(u64::from(id)).map_err(|e| Error::Create {
             id,
             source: io::Error::from_raw_os_error(e.errno()),
         })?;
-        Ok(Self { id, fd })
+        Ok(Self { id, fd, msr_index })
+    }
+
+    /// The state of a vCPU that is not running (not started, or handed
+    /// back by its thread).
+    pub fn save_state(&self) -> Result<VcpuState, Error> {
+        Ok(VcpuState::save(self.id, &self.fd, &self.msr_index)?)
+    }
+
+    /// Sets saved state on a vCPU that has not run yet.
+    pub fn restore_state(&self, state: &VcpuState) -> Result<(), Error> {
+        Ok(state.restore(&self.fd)?)
     }
 
     /// CPUID, MSRs and LAPIC for every vCPU; registers for the boot vCPU
@@ -360,7 +427,11 @@ impl Vcpu {
     ) -> Result<VcpuHandle, Error> {
         let id = self.id;
         let control = Arc::new(Control {
-            state: Mutex::new((Want::Run, Where::Running)),
+            state: Mutex::new(ControlState {
+                want: Want::Run,
+                at: Where::Running,
+                saved: None,
+            }),
             changed: Condvar::new(),
         });
         let thread_control = control.clone();
@@ -393,7 +464,7 @@ impl Vcpu {
 
     fn run(&mut self, pio: &Bus, mmio: &Bus, control: &Control) -> VcpuStop {
         loop {
-            if !control.checkpoint() {
+            if !control.checkpoint(self) {
                 return VcpuStop::Asked;
             }
             match self.fd.run() {
