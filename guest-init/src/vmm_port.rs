@@ -18,6 +18,26 @@ pub const BOOT_MARKER_PORT: u16 = PORT_BASE + boot::MARKER_OFFSET;
 /// The u32 exit status of the guest command.
 pub const EXIT_STATUS_PORT: u16 = PORT_BASE + boot::EXIT_STATUS_OFFSET;
 
+/// Gives up this process's access to the mvm ports (ioperm off): for a
+/// child between fork and exec, since the I/O bitmap is inherited and
+/// survives setuid and exec. Returns 0, or -1 with errno set; a kernel
+/// without ioperm (ENOSYS) never granted access, so that is success.
+pub fn revoke() -> libc::c_int {
+    // SAFETY: plain syscall with integer arguments; turning access off
+    // needs no privilege and only changes this process's I/O bitmap.
+    let rc = unsafe {
+        libc::ioperm(
+            libc::c_ulong::from(PORT_BASE),
+            libc::c_ulong::from(PORT_COUNT),
+            0,
+        )
+    };
+    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        return 0;
+    }
+    rc
+}
+
 /// Proof that `ioperm` granted access to the mvm ports. An `out` without it
 /// would fault, killing PID 1 and panicking the kernel, so the port writes
 /// are only reachable through this type.

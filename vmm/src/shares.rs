@@ -37,6 +37,8 @@ pub enum Error {
     ReservedGuestPath(String),
     #[error("guest path {0} is shared twice: give each share its own guest path")]
     DuplicateGuestPath(String),
+    #[error("{0} is {1}: sharing it would hand the guest your shell startup files, keys and every project; share the project directory instead (or pass --allow-home-share if you mean it)")]
+    Dangerous(String, &'static str),
 }
 
 /// One directory to share.
@@ -54,14 +56,48 @@ pub struct Wanted<'a> {
     pub workspace: Option<&'a Path>,
     pub write: bool,
     pub mounts: &'a [String],
+    /// The caller's home directory, canonical (None: unknown).
+    pub home: Option<&'a Path>,
+    /// `--allow-home-share`: share `/`, the home directory or a directory
+    /// above it all the same.
+    pub allow_home: bool,
+}
+
+/// Why sharing `dir` would expose more than a project: it is `/`, the home
+/// directory, or a directory above the home directory (e.g. `/home`).
+fn danger(dir: &Path, home: Option<&Path>) -> Option<&'static str> {
+    if dir == Path::new("/") {
+        return Some("the root directory");
+    }
+    match home {
+        Some(home) if dir == home => Some("your home directory"),
+        Some(home) if home.starts_with(dir) => Some("a directory above your home directory"),
+        _ => None,
+    }
+}
+
+/// The caller's home directory ($HOME), canonical, if it exists.
+pub fn home_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .and_then(|h| Path::new(&h).canonicalize().ok())
 }
 
 /// The shares in mount order (the workspace first), every path checked.
 pub fn plan(wanted: &Wanted) -> Result<Vec<Share>, Error> {
+    let checked = |dir: &Path| {
+        let host = check_host_dir(dir)?;
+        match danger(&host, wanted.home) {
+            Some(what) if !wanted.allow_home => {
+                Err(Error::Dangerous(host.display().to_string(), what))
+            }
+            _ => Ok(host),
+        }
+    };
     let mut shares = Vec::new();
     if let Some(dir) = wanted.workspace {
         shares.push(Share {
-            host: check_host_dir(dir)?,
+            host: checked(dir)?,
             guest: WORKSPACE_GUEST_PATH.into(),
             read_only: !wanted.write,
         });
@@ -73,7 +109,7 @@ pub fn plan(wanted: &Wanted) -> Result<Vec<Share>, Error> {
             return Err(Error::DuplicateGuestPath(guest));
         }
         shares.push(Share {
-            host: check_host_dir(Path::new(host))?,
+            host: checked(Path::new(host))?,
             guest,
             read_only,
         });
@@ -206,6 +242,8 @@ mod tests {
                 workspace: Some(&tmp),
                 write: false,
                 mounts,
+                home: None,
+                allow_home: false,
             })
         };
         let shares = plan_of(&mounts[..1]).unwrap();
@@ -218,5 +256,47 @@ mod tests {
             Err(Error::DuplicateGuestPath(_))
         ));
         std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn root_home_and_what_lies_above_home_are_shared_only_when_asked() {
+        let tmp = std::env::temp_dir()
+            .join(format!("mvm-home-{}", std::process::id()))
+            .join("home/user");
+        std::fs::create_dir_all(tmp.join("project")).unwrap();
+        let home = tmp.canonicalize().unwrap();
+        let above = home.parent().unwrap().to_path_buf();
+        let project = home.join("project");
+        let plan_of = |workspace: &Path, mounts: &[String], allow_home: bool| {
+            plan(&Wanted {
+                workspace: Some(workspace),
+                write: true,
+                mounts,
+                home: Some(&home),
+                allow_home,
+            })
+        };
+        for (dir, what) in [
+            (Path::new("/"), "the root directory"),
+            (home.as_path(), "your home directory"),
+            (above.as_path(), "a directory above your home directory"),
+        ] {
+            let err = plan_of(dir, &[], false).unwrap_err();
+            assert_eq!(err, Error::Dangerous(dir.display().to_string(), what));
+            assert!(err.to_string().contains("--allow-home-share"), "{err}");
+            assert!(
+                plan_of(dir, &[], true).is_ok(),
+                "allowed when asked: {dir:?}"
+            );
+        }
+        // As a --mount too, read-only or not.
+        let mount = [format!("{}:/h:ro", home.display())];
+        assert!(matches!(
+            plan_of(&project, &mount, false),
+            Err(Error::Dangerous(..))
+        ));
+        // A project inside the home directory is what a workspace is for.
+        assert!(plan_of(&project, &[], false).is_ok());
+        std::fs::remove_dir_all(tmp.parent().unwrap().parent().unwrap()).unwrap();
     }
 }

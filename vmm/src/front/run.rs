@@ -58,6 +58,11 @@ pub struct RunArgs {
     /// Share no workspace at all
     #[arg(long, conflicts_with = "workspace")]
     pub no_workspace: bool,
+    /// Allow sharing / , your home directory ($HOME) or a directory above
+    /// it (refused otherwise: the guest would see your shell startup
+    /// files, keys and every project; with --write it could change them)
+    #[arg(long)]
+    pub allow_home_share: bool,
     /// Also share host directory HOST at GUEST (an absolute guest path),
     /// read-only unless ":rw" (repeatable)
     #[arg(long = "mount", value_name = "HOST:GUEST[:ro|rw]")]
@@ -258,10 +263,13 @@ fn plan_shares(args: &RunArgs) -> Result<Vec<Share>, Failure> {
             Some(cwd.as_path())
         }
     };
+    let home = shares::home_dir();
     shares::plan(&shares::Wanted {
         workspace,
         write: args.write,
         mounts: &args.mounts,
+        home: home.as_deref(),
+        allow_home: args.allow_home_share,
     })
     .map_err(setup_failure)
 }
@@ -277,13 +285,7 @@ fn find_virtiofsd(args: &RunArgs) -> Result<PathBuf, Failure> {
         return Ok(path);
     }
     let beside = beside_binary("libexec/mvm/virtiofsd");
-    let in_path = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("virtiofsd"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
+    let in_path = path_candidates(std::env::var_os("PATH").as_deref(), "virtiofsd");
     beside
         .into_iter()
         .chain(in_path)
@@ -294,6 +296,20 @@ fn find_virtiofsd(args: &RunArgs) -> Result<PathBuf, Failure> {
                 "cannot find virtiofsd, which shares the workspace: run 'make', install virtiofsd, pass --virtiofsd PATH, or use --no-workspace",
             )
         })
+}
+
+/// `name` in each absolute directory of a PATH value. Relative entries
+/// (`.`, an empty one, `bin`) are skipped: they name directories below the
+/// current one, i.e. usually the workspace, where an earlier `--write`
+/// run could have planted a `virtiofsd` of its own.
+fn path_candidates(path: Option<&std::ffi::OsStr>, name: &str) -> Vec<PathBuf> {
+    path.map(|p| {
+        std::env::split_paths(p)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join(name))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// virtiofsd for share `index`, serving as the command's user.
@@ -399,6 +415,19 @@ fn print_console_tail(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_path_entries_are_not_searched_for_virtiofsd() {
+        let path = std::ffi::OsString::from("bin::.:/usr/local/bin:./tools:/usr/bin");
+        assert_eq!(
+            path_candidates(Some(&path), "virtiofsd"),
+            [
+                PathBuf::from("/usr/local/bin/virtiofsd"),
+                PathBuf::from("/usr/bin/virtiofsd")
+            ]
+        );
+        assert!(path_candidates(None, "virtiofsd").is_empty());
+    }
 
     #[test]
     fn a_root_caller_is_unprivileged_in_the_guest_unless_root_is_asked() {

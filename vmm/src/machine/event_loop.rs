@@ -54,6 +54,31 @@ impl MutEventSubscriber for StopWatcher {
 struct ConsoleInput {
     fd: RawFd,
     pending: Arc<Mutex<Vec<u8>>>,
+    /// The guest has left [`MAX_PENDING_INPUT`] untaken and input was
+    /// dropped (said once).
+    dropped: bool,
+}
+
+/// Console input the guest has not taken yet is kept up to this much; a
+/// guest that never reads its console cannot make the VMM buffer stdin
+/// without end. A console is for typing: the bound is never reached in use.
+const MAX_PENDING_INPUT: usize = 1 << 20;
+
+impl ConsoleInput {
+    fn queue(&mut self, data: &[u8]) {
+        let Ok(mut p) = self.pending.lock() else {
+            return;
+        };
+        let room = MAX_PENDING_INPUT.saturating_sub(p.len());
+        p.extend_from_slice(&data[..data.len().min(room)]);
+        if data.len() > room && !self.dropped {
+            self.dropped = true;
+            eprintln!(
+                "mvm: the guest is not reading its console: input beyond {} KiB is dropped",
+                MAX_PENDING_INPUT >> 10
+            );
+        }
+    }
 }
 
 impl MutEventSubscriber for ConsoleInput {
@@ -65,11 +90,7 @@ impl MutEventSubscriber for ConsoleInput {
             <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(self.fd)
         });
         match stdin.read(&mut buf) {
-            Ok(n) if n > 0 => {
-                if let Ok(mut p) = self.pending.lock() {
-                    p.extend_from_slice(&buf[..n]);
-                }
-            }
+            Ok(n) if n > 0 => self.queue(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             // EOF or a broken stdin: stop watching it, the guest keeps going.
             _ => {
@@ -95,9 +116,7 @@ impl MutEventSubscriber for ConsoleInput {
             .read_to_end(&mut data)
             .is_ok()
         {
-            if let Ok(mut p) = self.pending.lock() {
-                p.extend_from_slice(&data);
-            }
+            self.queue(&data);
         }
     }
 }
@@ -171,6 +190,7 @@ impl EventLoop {
         let input: Box<dyn MutEventSubscriber + Send> = Box::new(ConsoleInput {
             fd: io::stdin().as_raw_fd(),
             pending: pending.clone(),
+            dropped: false,
         });
         self.manager.add_subscriber(input);
         self.input = Some(ConsoleFeed {
@@ -199,5 +219,32 @@ impl EventLoop {
             }
         }
         Ok(Wait::Stopped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_input_the_guest_does_not_take_is_bounded() {
+        let pending = Arc::new(Mutex::new(Vec::new()));
+        let mut input = ConsoleInput {
+            fd: -1,
+            pending: pending.clone(),
+            dropped: false,
+        };
+        for _ in 0..(4 * MAX_PENDING_INPUT / 256) {
+            input.queue(&[b'x'; 256]);
+        }
+        assert_eq!(pending.lock().unwrap().len(), MAX_PENDING_INPUT);
+        assert!(input.dropped);
+        pending.lock().unwrap().clear();
+        input.queue(b"typed");
+        assert_eq!(
+            &pending.lock().unwrap()[..],
+            b"typed",
+            "room again once taken"
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! forward to, so any of them ends the run at once.
 
 use crate::confine::{seccomp, ThreadKind};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -26,12 +26,36 @@ pub type Target = Arc<Mutex<Option<Writer>>>;
 
 /// Ends the VM through `stop` (with the signal as the reason) where a
 /// signal cannot be forwarded.
+///
+/// The frames go out on a thread of their own, in order: a send can block
+/// for as long as the guest withholds vsock credit or the stdin pump holds
+/// the channel in a long write, and the signal thread must stay free to
+/// take the next signal. For SIGTERM and SIGHUP the teardown timer is
+/// armed before the frame is even queued, so no guest can make them do
+/// nothing.
 pub fn forward(stop: StopHandle, target: Target) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH])?;
     thread::Builder::new()
         .name("mvm-signals".into())
         .spawn(move || {
             seccomp::install_or_exit(ThreadKind::Signals);
+            let (queue, frames) = mpsc::channel::<(Writer, i32, Message)>();
+            let sender_stop = stop.clone();
+            let sender = thread::Builder::new()
+                .name("mvm-signal-send".into())
+                .spawn(move || {
+                    seccomp::inherited(ThreadKind::Signals);
+                    for (writer, sig, msg) in frames {
+                        if client::send(&writer, &msg).is_err() {
+                            sender_stop.stop(StopReason::Signal(sig));
+                        }
+                    }
+                });
+            if sender.is_err() {
+                eprintln!(
+                    "mvm: cannot start the signal sender thread: signals end the run at once"
+                );
+            }
             for sig in signals.forever() {
                 let writer = target.lock().ok().and_then(|t| t.clone());
                 let Some(writer) = writer else {
@@ -40,16 +64,6 @@ pub fn forward(stop: StopHandle, target: Target) -> std::io::Result<()> {
                     }
                     continue;
                 };
-                let msg = if sig == SIGWINCH {
-                    let (rows, cols) = terminal::size();
-                    Message::Resize(Resize { rows, cols })
-                } else {
-                    Message::Signal(Signal { signal: sig })
-                };
-                if client::send(&writer, &msg).is_err() {
-                    stop.stop(StopReason::Signal(sig));
-                    continue;
-                }
                 if sig == SIGTERM || sig == SIGHUP {
                     let stop = stop.clone();
                     thread::spawn(move || {
@@ -57,6 +71,15 @@ pub fn forward(stop: StopHandle, target: Target) -> std::io::Result<()> {
                         thread::sleep(TERMINATE_GRACE);
                         stop.stop(StopReason::Signal(sig));
                     });
+                }
+                let msg = if sig == SIGWINCH {
+                    let (rows, cols) = terminal::size();
+                    Message::Resize(Resize { rows, cols })
+                } else {
+                    Message::Signal(Signal { signal: sig })
+                };
+                if sender.is_err() || queue.send((writer, sig, msg)).is_err() {
+                    stop.stop(StopReason::Signal(sig));
                 }
             }
         })?;
