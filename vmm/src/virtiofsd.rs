@@ -22,7 +22,7 @@
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -51,7 +51,9 @@ pub enum Error {
 /// What one virtiofsd serves and where it talks.
 pub struct Request<'a> {
     pub binary: &'a Path,
-    pub shared_dir: &'a Path,
+    /// The shared directory, open: virtiofsd starts in it and serves `.`,
+    /// so the directory is never looked up by name again.
+    pub shared_dir: &'a OwnedFd,
     pub read_only: bool,
     /// Created here; must not exist yet.
     pub socket: &'a Path,
@@ -75,7 +77,8 @@ pub struct Virtiofsd {
 pub fn arguments(req: &Request) -> Vec<String> {
     let mut args = vec![
         format!("--fd={SOCKET_FD}"),
-        format!("--shared-dir={}", req.shared_dir.display()),
+        // The working directory virtiofsd starts in: the open share.
+        "--shared-dir=.".into(),
         "--sandbox=namespace".into(),
         "--seccomp=kill".into(),
         // Without CAP_MKNOD a guest (even one whose uids map to root) cannot
@@ -114,6 +117,7 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
         .map_err(|e| Error::Socket(req.socket.display().to_string(), e))?;
     let log = File::create(req.log).map_err(|e| Error::Log(req.log.display().to_string(), e))?;
     let listen_fd = listener.as_raw_fd();
+    let dir_fd = req.shared_dir.as_raw_fd();
     // Built here: the child between fork and exec only applies them.
     let filters = crate::virtiofsd_filter::programs().map_err(|e| Error::Filter(e.to_string()))?;
     let mut command = Command::new(req.binary);
@@ -129,7 +133,7 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
     unsafe {
         let parent = std::process::id() as libc::pid_t;
         command.pre_exec(move || {
-            child_setup(listen_fd, parent)?;
+            child_setup(listen_fd, dir_fd, parent)?;
             for filter in &filters {
                 seccompiler::apply_filter(filter).map_err(|e| io::Error::other(e.to_string()))?;
             }
@@ -147,9 +151,10 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
     })
 }
 
-/// In the child, before exec: the socket on fd 3 (inheritable), a process
-/// group of its own, and death with the parent.
-fn child_setup(listen_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
+/// In the child, before exec: the shared directory as the working
+/// directory, the socket on fd 3 (inheritable), a process group of its
+/// own, and death with the parent.
+fn child_setup(listen_fd: RawFd, dir_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
     let check = |ret: libc::c_int| {
         if ret < 0 {
             Err(io::Error::last_os_error())
@@ -159,6 +164,7 @@ fn child_setup(listen_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
     };
     // SAFETY: plain syscalls on fds and ids this process owns.
     unsafe {
+        check(libc::fchdir(dir_fd))?;
         if listen_fd == SOCKET_FD {
             // dup2 onto itself keeps FD_CLOEXEC; clear it by hand.
             check(libc::fcntl(SOCKET_FD, libc::F_SETFD, 0))?;
@@ -210,10 +216,14 @@ impl Drop for Virtiofsd {
 mod tests {
     use super::*;
 
+    fn dir() -> OwnedFd {
+        File::open("/").unwrap().into()
+    }
+
     fn request(read_only: bool) -> Vec<String> {
         arguments(&Request {
             binary: Path::new("virtiofsd"),
-            shared_dir: Path::new("/srv/project"),
+            shared_dir: &dir(),
             read_only,
             socket: Path::new("/run/fs.sock"),
             log: Path::new("/run/fs.log"),
@@ -231,7 +241,10 @@ mod tests {
         assert!(ro.contains(&"--sandbox=namespace".to_string()));
         assert!(ro.contains(&"--seccomp=kill".to_string()));
         assert!(ro.contains(&"--modcaps=-mknod".to_string()));
-        assert!(ro.contains(&"--shared-dir=/srv/project".to_string()));
+        assert!(
+            ro.contains(&"--shared-dir=.".to_string()),
+            "served from its open directory"
+        );
         assert!(!request(false).contains(&"--readonly".to_string()));
     }
 
@@ -243,7 +256,7 @@ mod tests {
         assert!(!args.iter().any(|a| a.contains("=host:")), "{args:?}");
         let root_caller = arguments(&Request {
             binary: Path::new("virtiofsd"),
-            shared_dir: Path::new("/srv/project"),
+            shared_dir: &dir(),
             read_only: false,
             socket: Path::new("/run/fs.sock"),
             log: Path::new("/run/fs.log"),

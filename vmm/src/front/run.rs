@@ -250,17 +250,18 @@ fn preflight(config: &VmConfig) -> Result<(), Failure> {
 }
 
 fn plan_shares(args: &RunArgs) -> Result<Vec<Share>, Failure> {
-    let cwd;
     let workspace = match (&args.workspace, args.no_workspace) {
         (_, true) => None,
         (Some(dir), false) => Some(dir.as_path()),
         (None, false) => {
-            cwd = std::env::current_dir().map_err(|e| {
+            // The current directory itself ("."), opened without a lookup
+            // by name; its name is checked only to say what went wrong.
+            std::env::current_dir().map_err(|e| {
                 setup_failure(format!(
                     "cannot share the current directory as the workspace: {e} (use --workspace DIR or --no-workspace)"
                 ))
             })?;
-            Some(cwd.as_path())
+            Some(Path::new("."))
         }
     };
     let home = shares::home_dir();
@@ -323,7 +324,7 @@ fn start_backend(
     let socket = dir.path().join(format!("fs{index}.sock"));
     let backend = virtiofsd::spawn(&virtiofsd::Request {
         binary,
-        shared_dir: &share.host,
+        shared_dir: &share.dir,
         read_only: share.read_only,
         socket: &socket,
         log: &dir.path().join(format!("fs{index}.log")),
