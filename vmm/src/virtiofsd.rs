@@ -182,6 +182,12 @@ fn child_setup(listen_fd: RawFd, dir_fd: RawFd, parent: libc::pid_t) -> io::Resu
 }
 
 impl Virtiofsd {
+    /// Its process group (its pid: `setpgid(0, 0)` in `child_setup`), the
+    /// one the VMM kills at the end.
+    pub fn process_group(&self) -> libc::pid_t {
+        self.child.id() as libc::pid_t
+    }
+
     /// If virtiofsd has exited: how (its last log line, or its status).
     pub fn exit_report(&mut self) -> Option<String> {
         let status = self.child.try_wait().ok().flatten()?;

@@ -155,7 +155,14 @@ fn run_in_vm(
     };
 
     // Everything is open and virtiofsd started: confine before any other
-    // thread exists (they inherit it).
+    // thread exists (they inherit it). The vmm thread may kill only these
+    // helpers' groups.
+    crate::confine::seccomp::allow_killing_groups(
+        &backends
+            .iter()
+            .map(Virtiofsd::process_group)
+            .collect::<Vec<_>>(),
+    );
     let base_dir = dir.path().parent().unwrap_or(dir.path()).to_path_buf();
     confine_vmm(
         vm.confinement(),
