@@ -15,6 +15,7 @@ pub mod confine;
 pub mod console;
 pub mod exit_code;
 pub mod front;
+pub mod helper_log;
 pub mod machine;
 pub mod session;
 pub mod shares;

@@ -28,6 +28,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use crate::helper_log::{self, LogPump};
+
 /// The fd number the listening socket has in virtiofsd.
 const SOCKET_FD: RawFd = 3;
 /// Every uid and gid the guest can name (virtiofsd's count is a u32 range
@@ -57,7 +59,7 @@ pub struct Request<'a> {
     pub read_only: bool,
     /// Created here; must not exist yet.
     pub socket: &'a Path,
-    /// virtiofsd's stderr.
+    /// virtiofsd's stderr, capped (helper_log.rs).
     pub log: &'a Path,
     /// Who owns what the guest creates.
     pub uid: u32,
@@ -71,6 +73,9 @@ pub struct Request<'a> {
 pub struct Virtiofsd {
     child: Child,
     log: PathBuf,
+    /// Copies its stderr into `log`, capped; handed to the machine's event
+    /// loop once there is one ([`Virtiofsd::take_log_pump`]).
+    pump: Option<LogPump>,
 }
 
 /// The arguments virtiofsd gets, apart from the binary.
@@ -116,6 +121,8 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
     let listener = UnixListener::bind(req.socket)
         .map_err(|e| Error::Socket(req.socket.display().to_string(), e))?;
     let log = File::create(req.log).map_err(|e| Error::Log(req.log.display().to_string(), e))?;
+    let (stderr, pump) =
+        helper_log::pipe(log).map_err(|e| Error::Log(req.log.display().to_string(), e))?;
     let listen_fd = listener.as_raw_fd();
     let dir_fd = req.shared_dir.as_raw_fd();
     // Built here: the child between fork and exec only applies them.
@@ -125,7 +132,7 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
         .args(arguments(req))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(Stdio::from(stderr))
         .env_clear();
     // SAFETY: the closure runs in the forked child before exec and only
     // makes system calls (dup2, fcntl, setpgid, prctl, getppid, seccomp);
@@ -148,6 +155,7 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
     Ok(Virtiofsd {
         child,
         log: req.log.to_owned(),
+        pump: Some(pump),
     })
 }
 
@@ -188,9 +196,17 @@ impl Virtiofsd {
         self.child.id() as libc::pid_t
     }
 
+    /// The pump of its log, for the machine's event loop.
+    pub fn take_log_pump(&mut self) -> Option<LogPump> {
+        self.pump.take()
+    }
+
     /// If virtiofsd has exited: how (its last log line, or its status).
     pub fn exit_report(&mut self) -> Option<String> {
         let status = self.child.try_wait().ok().flatten()?;
+        if let Some(pump) = &mut self.pump {
+            pump.drain();
+        }
         let last = File::open(&self.log).ok().and_then(|f| {
             BufReader::new(f)
                 .lines()

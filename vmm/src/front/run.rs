@@ -154,6 +154,12 @@ fn run_in_vm(
         }
     };
 
+    for backend in &mut backends {
+        if let Some(pump) = backend.take_log_pump() {
+            machine.add_subscriber(Box::new(pump));
+        }
+    }
+
     // Everything is open and virtiofsd started: confine before any other
     // thread exists (they inherit it). The vmm thread may kill only these
     // helpers' groups.

@@ -153,6 +153,11 @@ impl Machine {
         self.registry.ids()
     }
 
+    /// Adds host-side work to the event loop (a helper's log pump, say).
+    pub fn add_subscriber(&mut self, subscriber: attach::Subscriber) {
+        self.event_loop.add_subscriber(subscriber);
+    }
+
     /// Feeds this process's stdin to the guest console once guest-init is
     /// ready (`mvm boot`).
     pub fn forward_console_input(&mut self) {
