@@ -19,5 +19,6 @@ pub mod helper_log;
 pub mod machine;
 pub mod session;
 pub mod shares;
+pub mod timeline;
 pub mod virtiofsd;
 pub mod virtiofsd_filter;

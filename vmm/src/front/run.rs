@@ -22,6 +22,7 @@ use crate::exit_code;
 use crate::machine::{boot, Outcome};
 use crate::session::{self, signals, terminal, SessionDir};
 use crate::shares::{self, Share, WORKSPACE_GUEST_PATH};
+use crate::timeline::Timeline;
 use crate::virtiofsd::{self, Virtiofsd};
 
 /// The console log keeps this much of what the guest prints; a guest that
@@ -107,9 +108,12 @@ fn run_in_vm(
     started: Instant,
     timeout: Option<Duration>,
 ) -> Result<i32, Failure> {
+    let mut front = Timeline::default();
+    front.mark("arguments parsed");
     let shares = plan_shares(args)?;
     let request = exec_request(args, argv, !args.no_workspace)?;
     preflight(&config)?;
+    front.mark("shares and kvm checked");
     let virtiofsd_binary = match shares.is_empty() {
         true => None,
         false => Some(find_virtiofsd(args)?),
@@ -130,6 +134,7 @@ fn run_in_vm(
         backends.push(backend);
         config.shares.push(fs);
     }
+    front.mark("helpers started");
     let console: Box<dyn io::Write + Send> = if args.console {
         Box::new(io::stderr())
     } else {
@@ -178,6 +183,7 @@ fn run_in_vm(
         }),
     )?;
 
+    front.mark("vmm confined");
     let stop = machine.stop_handle();
     let target: session::Target = Arc::new(Mutex::new(None));
     signals::forward(stop.clone(), target.clone())
@@ -195,11 +201,15 @@ fn run_in_vm(
     let deadline = timeout.map(|t| Instant::now() + t);
     machine.start().map_err(vmm_failure)?;
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
+    if let Some(at) = session.command_started() {
+        front.mark_at("agent connected, command sent", at);
+    }
     let result = session.finish();
     drop(raw_mode);
     print_stats(
         vm.print_stats,
         started,
+        &front,
         &machine,
         &ended,
         result.as_ref().ok().map(|(_, at)| *at),

@@ -2,21 +2,43 @@
 
 use std::time::Instant;
 
-use mvm_devices::legacy::BOOT_MARKER_INIT_STARTED;
+use mvm_devices::legacy::{BOOT_MARKER_INIT_READY, BOOT_MARKER_INIT_STARTED};
 
 use crate::machine::{Ended, Machine};
+use crate::timeline::Timeline;
 
-/// `started`: when mvm started; `teardown_from`: when the command's exit
-/// status arrived (`mvm run`).
+/// `started`: when mvm started; `front`: the front end's own moments;
+/// `teardown_from`: when the command's exit status arrived (`mvm run`).
 pub(crate) fn print_stats(
     wanted: bool,
     started: Instant,
+    front: &Timeline,
     machine: &Machine,
     ended: &Ended,
     teardown_from: Option<Instant>,
 ) {
     if !wanted {
         return;
+    }
+    let mut timeline = front.clone();
+    timeline.extend(machine.timeline());
+    for (marker, name) in [
+        (
+            BOOT_MARKER_INIT_STARTED,
+            "guest-init started (its first marker)",
+        ),
+        (BOOT_MARKER_INIT_READY, "guest-init ready (shares mounted)"),
+    ] {
+        if let Some((_, at)) = ended.markers.iter().find(|(m, _)| *m == marker) {
+            timeline.mark_at(name, *at);
+        }
+    }
+    if let Some(at) = teardown_from {
+        timeline.mark_at("command's exit status received", at);
+    }
+    timeline.mark("teardown done");
+    for (ms, name) in timeline.since(started) {
+        eprintln!("mvm: phase: +{ms:.1} ms {name}");
     }
     let boot_to_init = ended
         .markers

@@ -28,6 +28,7 @@ pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error>
         Some(path) => Some(kernel::load_initrd(mem, config.mem_size, kernel.end, path)?),
         None => None,
     };
+    machine.timeline.mark("kernel and initramfs loaded");
     let cmdline = build_cmdline(&machine.device_params, &config.cmdline)?;
     load_cmdline(mem, GuestAddress(CMDLINE_START), &cmdline).map_err(Error::CmdlineWrite)?;
     let cmdline_text = cmdline
@@ -53,10 +54,12 @@ pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error>
             tsc_deadline_timer: kvm.check_extension(Cap::TscDeadlineTimer),
         },
     );
+    machine.timeline.mark("boot_params and MP table written");
     for (id, vcpu) in machine.vcpus.iter().enumerate() {
         let entry = (id == 0).then_some(kernel.entry);
         vcpu.configure(&supported, config.vcpus, mem, entry)?;
     }
+    machine.timeline.mark("vcpus configured");
     machine.cmdline = cmdline_text;
     Ok(machine)
 }

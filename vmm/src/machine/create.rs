@@ -17,6 +17,7 @@ use super::vcpu::{self, Vcpu};
 use super::{fs, kvm, memory, vsock, Error, Machine};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
+use crate::timeline::Timeline;
 
 /// A machine with all its devices (rebuilt from `saved` when given) and
 /// its vCPUs created but neither configured nor started. Guest RAM is
@@ -27,10 +28,13 @@ pub fn create(
     saved: Option<&DeviceStates>,
     restored: Option<GuestMemoryMmap>,
 ) -> Result<(Machine, kvm_ioctls::Kvm), Error> {
+    let mut timeline = Timeline::default();
     vcpu::install_kick_handler()?;
     let kvm = kvm::open_kvm()?;
+    timeline.mark("kvm opened");
     let vm = kvm::create_vm(&kvm)?;
     let msr_index = Arc::new(kvm::msr_index(&kvm)?);
+    timeline.mark("vm created");
 
     let mem = match restored {
         Some(mem) => mem,
@@ -42,6 +46,7 @@ pub fn create(
         None => memory::create(config.mem_size, memory::Backing::Shared)?,
     };
     kvm::register_memory(&vm, &mem)?;
+    timeline.mark("guest memory");
 
     let stop = StopHandle::new().map_err(Error::StopEvent)?;
     let report = GuestReport::default();
@@ -71,6 +76,7 @@ pub fn create(
             .check_same_set(saved)
             .map_err(attach::Error::from)?;
     }
+    timeline.mark("devices attached");
 
     let mut event_loop = EventLoop::new(stop.clone())?;
     for subscriber in subscribers {
@@ -79,6 +85,7 @@ pub fn create(
     let vcpus = (0..config.vcpus)
         .map(|id| Vcpu::new(&vm, id, msr_index.clone()))
         .collect::<Result<Vec<_>, _>>()?;
+    timeline.mark("vcpus created");
 
     let machine = Machine {
         vm,
@@ -95,6 +102,7 @@ pub fn create(
         cmdline: String::new(),
         vcpus,
         handles: Vec::new(),
+        timeline,
     };
     Ok((machine, kvm))
 }

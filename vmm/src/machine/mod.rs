@@ -39,6 +39,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use crate::arch::x86_64::layout::CMDLINE_MAX_SIZE;
 use crate::arch::x86_64::{boot_params, mptable};
 use crate::confine::{seccomp, ThreadKind};
+use crate::timeline::Timeline;
 use attach::SerialConsole;
 use event_loop::{EventLoop, Wait};
 use registry::{DeviceRegistry, DeviceStates};
@@ -111,6 +112,8 @@ pub struct Machine {
     /// Created and configured, not started yet.
     vcpus: Vec<Vcpu>,
     handles: Vec<VcpuHandle>,
+    /// When each step of building and running it ended.
+    timeline: Timeline,
 }
 
 /// How a machine's run ended, and what the guest reported on the way.
@@ -146,6 +149,11 @@ impl Machine {
     /// The kernel command line the guest was booted with.
     pub fn cmdline(&self) -> &str {
         &self.cmdline
+    }
+
+    /// When each step of building and running it ended.
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
     }
 
     /// Registry ids of the devices, in attach order.
@@ -196,6 +204,7 @@ impl Machine {
         gate.wait_for(self.handles.len());
         seccomp::install_or_exit(ThreadKind::Vmm);
         gate.open();
+        self.timeline.mark("vcpus started");
         Ok(())
     }
 
@@ -270,7 +279,9 @@ impl Machine {
         if self.run_until(deadline)? == Wait::Deadline {
             self.stop.stop(StopReason::Timeout);
         }
+        self.timeline.mark("vm stopped");
         let vcpus_left_behind = self.end_vcpus();
+        self.timeline.mark("vcpus joined");
         if let Ok(mut serial) = self.serial.lock() {
             // Console loss must not hide the command's status.
             let _ = serial.writer_mut().drain();

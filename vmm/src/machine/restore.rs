@@ -36,6 +36,7 @@ pub fn restore(config: &VmConfig, console: ConsoleOutput, dir: &Path) -> Result<
     let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
     let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem))?;
     state.vm.restore(&machine.vm)?;
+    machine.timeline.mark("vm state restored");
     for (vcpu, saved) in machine.vcpus.iter().zip(&state.vcpus) {
         if saved.id != vcpu.id() {
             return Err(Error::Restore(format!(
@@ -45,6 +46,7 @@ pub fn restore(config: &VmConfig, console: ConsoleOutput, dir: &Path) -> Result<
         }
         vcpu.restore_state(saved)?;
     }
+    machine.timeline.mark("vcpu state restored");
     machine.cmdline = state.cmdline;
     Ok(machine)
 }

@@ -38,6 +38,8 @@ pub type Ended = (Exit, Instant);
 pub struct Session {
     done: Receiver<Result<Ended, client::Error>>,
     stream: Arc<Mutex<Option<UnixStream>>>,
+    /// When the agent took the command (Hello both ways, Exec sent).
+    started: Arc<Mutex<Option<Instant>>>,
 }
 
 /// Starts the exec client: it waits for the guest agent, sends `request`
@@ -52,11 +54,21 @@ pub fn start(
     let (tx, done) = mpsc::channel();
     let stream = Arc::new(Mutex::new(None));
     let slot = stream.clone();
+    let started = Arc::new(Mutex::new(None));
+    let started_slot = started.clone();
     thread::Builder::new()
         .name("mvm-session".into())
         .spawn(move || {
             seccomp::install_or_exit(ThreadKind::Session);
-            let result = exec(&uds, request, forward_stdin, &vm, &target, &slot);
+            let result = exec(
+                &uds,
+                request,
+                forward_stdin,
+                &vm,
+                &target,
+                &slot,
+                &started_slot,
+            );
             // After the command's exit, and just as much after a channel
             // that broke or carried garbage (a guest that misbehaves must
             // not keep the run alive until --timeout): guest-init gets the
@@ -65,7 +77,11 @@ pub fn start(
             stop_guest_if_lingering(&vm);
             let _ = tx.send(result);
         })?;
-    Ok(Session { done, stream })
+    Ok(Session {
+        done,
+        stream,
+        started,
+    })
 }
 
 fn exec(
@@ -75,6 +91,7 @@ fn exec(
     vm: &StopHandle,
     target: &Target,
     slot: &Mutex<Option<UnixStream>>,
+    started: &Mutex<Option<Instant>>,
 ) -> Result<Ended, client::Error> {
     let stream = client::connect(uds, AGENT_PORT, &|| vm.is_stopped())?;
     if let Ok(mut s) = slot.lock() {
@@ -84,6 +101,9 @@ fn exec(
         stream.try_clone().map_err(client::Error::Write)?,
     ));
     let mut reader = client::start(&stream, &writer, request)?;
+    if let Ok(mut at) = started.lock() {
+        *at = Some(Instant::now());
+    }
     if let Ok(mut t) = target.lock() {
         *t = Some(writer.clone());
     }
@@ -110,6 +130,11 @@ fn stop_guest_if_lingering(vm: &StopHandle) {
 }
 
 impl Session {
+    /// When the guest agent took the command, if it did.
+    pub fn command_started(&self) -> Option<Instant> {
+        self.started.lock().ok().and_then(|at| *at)
+    }
+
     /// Called once the VM has stopped: the command's exit, or why there is
     /// none.
     pub fn finish(self) -> Result<Ended, client::Error> {
