@@ -265,7 +265,7 @@ class Run:
         if self.exit and self.exit[1] == 0:
             return None
         said = [t for f, _, t in self.lines if f == 2 and t and not STAT_LINE.match(t)
-                and not t.startswith(("mvm: boot to init:", "mvm-init:"))]
+                and not t.startswith(("mvm: boot to init:", "mvm: phase:", "mvm-init:"))]
         if not self.exit:
             status = "no exit line"
         elif self.exit[1] == 137:

@@ -6,4 +6,5 @@
 
 pub mod bus;
 pub mod legacy;
+pub mod state;
 pub mod virtio;

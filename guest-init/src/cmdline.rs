@@ -1,5 +1,7 @@
 //! What to run, as the VMM encodes it on the kernel command line (see
-//! docs/protocol.md). Pure functions, unit-tested on the host.
+//! docs/protocol.md; the parameter names and encodings are the boot
+//! contract in `mvm_protocol::boot`). Pure functions, unit-tested on the
+//! host.
 //!
 //! `mvm.cmd=<hex>`: lowercase hex of argv joined with NUL bytes. Hex keeps
 //! arbitrary bytes (spaces, quotes, `=`) away from the kernel's own parser.
@@ -11,23 +13,15 @@
 
 use std::ffi::{CStr, CString};
 
-pub const CMD_PARAM: &str = "mvm.cmd";
-pub const WORKDIR_PARAM: &str = "mvm.workdir";
-pub const AGENT_PARAM: &str = "mvm.agent";
-pub const MOUNT_PARAM: &str = "mvm.mount";
-/// Longest virtio-fs tag: the device's config field is 36 bytes.
-pub const MAX_TAG_LEN: usize = 36;
+use mvm_protocol::boot::MountParam;
+pub use mvm_protocol::boot::{
+    decode_hex, HexError, MountProblem, AGENT_PARAM, CMD_PARAM, MAX_TAG_LEN, MOUNT_PARAM,
+    WORKDIR_PARAM,
+};
+
 /// Run when the VMM passes no command: an interactive shell on the console.
 pub const DEFAULT_COMMAND: &CStr = c"/bin/sh";
 pub const DEFAULT_WORKDIR: &CStr = c"/";
-
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum HexError {
-    #[error("odd number of hex digits ({0})")]
-    OddLength(usize),
-    #[error("bad hex digit {digit:?} at offset {offset}")]
-    BadDigit { offset: usize, digit: char },
-}
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
@@ -48,27 +42,6 @@ pub enum ParseError {
         value: String,
         problem: MountProblem,
     },
-}
-
-/// What is wrong with one `mvm.mount` value.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum MountProblem {
-    #[error("expected <tag>,<ro|rw>,<hex of the guest path>")]
-    Fields,
-    #[error("the tag must be 1 to {MAX_TAG_LEN} of A-Z a-z 0-9 _ -")]
-    Tag,
-    #[error("the mode must be ro or rw")]
-    Mode,
-    #[error("path: {0}")]
-    Hex(HexError),
-    #[error("the path must be absolute")]
-    NotAbsolute,
-    #[error("the path contains a NUL byte")]
-    Nul,
-    #[error("the path must not contain a .. component")]
-    DotDot,
-    #[error("the path must not be /")]
-    Root,
 }
 
 /// One virtio-fs share to mount, from `mvm.mount`.
@@ -132,42 +105,14 @@ pub fn shares(cmdline: &str) -> Result<Vec<Share>, ParseError> {
         .collect()
 }
 
-/// Decodes one `mvm.mount` value: `<tag>,<ro|rw>,<hex of the path>`.
+/// Decodes one `mvm.mount` value: `<tag>,<ro|rw>,<hex of the path>`
+/// (the format and its checks are the boot contract's, in mvm-protocol).
 pub fn decode_share(value: &str) -> Result<Share, MountProblem> {
-    let fields: Vec<&str> = value.split(',').collect();
-    let [tag, mode, path] = fields[..] else {
-        return Err(MountProblem::Fields);
-    };
-    let tag_ok = (1..=MAX_TAG_LEN).contains(&tag.len())
-        && tag
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !tag_ok {
-        return Err(MountProblem::Tag);
-    }
-    let read_only = match mode {
-        "ro" => true,
-        "rw" => false,
-        _ => return Err(MountProblem::Mode),
-    };
-    let path = decode_hex(path).map_err(MountProblem::Hex)?;
-    if path.first() != Some(&b'/') {
-        return Err(MountProblem::NotAbsolute);
-    }
-    if path.contains(&0) {
-        return Err(MountProblem::Nul);
-    }
-    let components: Vec<&[u8]> = path
-        .split(|&b| b == b'/')
-        .filter(|c| !c.is_empty() && *c != b".")
-        .collect();
-    if components.iter().any(|c| *c == b"..") {
-        return Err(MountProblem::DotDot);
-    }
-    if components.is_empty() {
-        // `/`, and spellings of it such as `//` or `/.`.
-        return Err(MountProblem::Root);
-    }
+    let MountParam {
+        tag,
+        read_only,
+        path,
+    } = MountParam::decode(value)?;
     Ok(Share {
         tag: CString::new(tag).map_err(|_| MountProblem::Tag)?,
         path: CString::new(path).map_err(|_| MountProblem::Nul)?,
@@ -209,25 +154,6 @@ fn tokens(cmdline: &str) -> Vec<String> {
         out.push(current);
     }
     out
-}
-
-/// Decodes hex (either case accepted) into bytes.
-pub fn decode_hex(hex: &str) -> Result<Vec<u8>, HexError> {
-    let digits = hex.as_bytes();
-    if !digits.len().is_multiple_of(2) {
-        return Err(HexError::OddLength(digits.len()));
-    }
-    let nibble = |offset: usize| {
-        let digit = char::from(digits[offset]);
-        digit
-            .to_digit(16)
-            .map(|v| v as u8)
-            .ok_or(HexError::BadDigit { offset, digit })
-    };
-    (0..digits.len())
-        .step_by(2)
-        .map(|i| Ok((nibble(i)? << 4) | nibble(i + 1)?))
-        .collect()
 }
 
 /// Decodes `mvm.cmd`: hex of the arguments joined with NUL bytes.

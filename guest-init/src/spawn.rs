@@ -40,6 +40,10 @@ fn exec_child(argv: &[*const libc::c_char], controlling_tty: bool) -> ! {
     // tty up and discards output still queued in the UART, which would
     // cut off the last lines of a command's output. Best effort: without a
     // controlling tty the command still runs.
+    // The I/O bitmap survives exec: the command must not reach the status
+    // port (best effort like the rest: this path has no error channel, and
+    // the exec below is what matters).
+    crate::vmm_port::revoke();
     // SAFETY: plain syscalls on our own process and fd 0.
     unsafe {
         libc::setsid();

@@ -1,25 +1,42 @@
 //! I/O ports through which the guest reports to the VMM.
 //!
-//! These numbers are a protocol: they must match `MVM_STATUS_PORT` and its
-//! offsets in the VMM's `vmm/src/arch/x86_64/layout.rs` and docs/protocol.md.
+//! The port numbers and marker values are the boot contract
+//! (`mvm_protocol::boot`, docs/protocol.md), shared with the VMM.
 //! Port I/O only works as a privileged process inside the guest, so this
 //! module has no unit tests.
 
 use std::io;
 
-/// First port of the mvm range (`MVM_STATUS_PORT` in the VMM).
-pub const PORT_BASE: u16 = 0x440;
+use mvm_protocol::boot;
+
+/// First port of the mvm range.
+pub const PORT_BASE: u16 = boot::STATUS_PORT;
 /// Number of ports in the range we ask `ioperm` for.
-pub const PORT_COUNT: u16 = 8;
-/// Offset 0: u8 boot progress marker.
-pub const BOOT_MARKER_PORT: u16 = PORT_BASE;
-/// Offset 4: u32 exit status of the guest command.
-pub const EXIT_STATUS_PORT: u16 = PORT_BASE + 4;
-/// Marker value meaning "guest-init reached userspace".
-pub const BOOT_MARKER_USERSPACE: u8 = 1;
-/// Marker value meaning "init is set up and about to start the command"
-/// (the VMM holds console input until then).
-pub const BOOT_MARKER_READY: u8 = 2;
+pub const PORT_COUNT: u16 = boot::STATUS_PORT_LEN;
+/// The u8 boot progress marker.
+pub const BOOT_MARKER_PORT: u16 = PORT_BASE + boot::MARKER_OFFSET;
+/// The u32 exit status of the guest command.
+pub const EXIT_STATUS_PORT: u16 = PORT_BASE + boot::EXIT_STATUS_OFFSET;
+
+/// Gives up this process's access to the mvm ports (ioperm off): for a
+/// child between fork and exec, since the I/O bitmap is inherited and
+/// survives setuid and exec. Returns 0, or -1 with errno set; a kernel
+/// without ioperm (ENOSYS) never granted access, so that is success.
+pub fn revoke() -> libc::c_int {
+    // SAFETY: plain syscall with integer arguments; turning access off
+    // needs no privilege and only changes this process's I/O bitmap.
+    let rc = unsafe {
+        libc::ioperm(
+            libc::c_ulong::from(PORT_BASE),
+            libc::c_ulong::from(PORT_COUNT),
+            0,
+        )
+    };
+    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        return 0;
+    }
+    rc
+}
 
 /// Proof that `ioperm` granted access to the mvm ports. An `out` without it
 /// would fault, killing PID 1 and panicking the kernel, so the port writes
@@ -47,12 +64,12 @@ impl Ports {
 
     /// Tells the VMM that init is running in userspace (it timestamps this).
     pub fn boot_marker(&self) {
-        self.marker(BOOT_MARKER_USERSPACE);
+        self.marker(boot::MARKER_INIT_STARTED);
     }
 
     /// Tells the VMM that init is ready and the command starts next.
     pub fn ready_marker(&self) {
-        self.marker(BOOT_MARKER_READY);
+        self.marker(boot::MARKER_INIT_READY);
     }
 
     fn marker(&self, value: u8) {

@@ -2,8 +2,10 @@
 //! PID 1: one command per connection, its stdin, stdout, stderr, signals,
 //! terminal size and exit. Specified in docs/protocol.md ("version 1: the
 //! exec channel"); this crate is the only implementation of its wire format
-//! and both sides use it.
+//! and both sides use it. [`boot`] holds the other half of the contract:
+//! the kernel command line and the status port.
 
+pub mod boot;
 pub mod frame;
 pub mod message;
 pub mod version;

@@ -357,7 +357,8 @@ pub fn excerpt(text: &str, max: usize) -> String {
 /// What mvm itself said on stderr: its `mvm:` lines less the
 /// `--print-stats` figures and the console tail's heading, joined.
 pub fn mvm_says(run: &Run) -> String {
-    const SKIP: [&str; 7] = [
+    const SKIP: [&str; 8] = [
+        "phase:",
         "boot to init:",
         "wall:",
         "cpu:",

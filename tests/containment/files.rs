@@ -253,6 +253,8 @@ fn check_8_an_unsafe_mount_does_expose_the_secret() {
                 "/run/tmp/ws",
                 "--mount",
                 "/run/home:/host:ro",
+                // mvm refuses to share the home directory unless told.
+                "--allow-home-share",
                 "--",
                 "sh",
                 "-c",

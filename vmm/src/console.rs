@@ -63,11 +63,14 @@ impl ConsoleOutput {
         }
     }
 
-    /// Writes out whatever is buffered, newline or not.
+    /// Writes out whatever is buffered, newline or not. What a failing
+    /// sink (a closed stdout) did not take is dropped, never kept: the
+    /// guest must not be able to grow this buffer without bound.
     pub fn drain(&mut self) -> io::Result<()> {
         if !self.buf.is_empty() {
-            self.out.write_all(&self.buf)?;
+            let written = self.out.write_all(&self.buf);
             self.buf.clear();
+            written?;
         }
         self.out.flush()
     }
@@ -125,6 +128,29 @@ impl<W: Write> Write for Capped<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Broken;
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failing_sink_does_not_let_the_buffer_grow() {
+        let mut c = ConsoleOutput::new(Box::new(Broken));
+        let line = [b'x'; 1000];
+        for _ in 0..10_000 {
+            c.write_all(&line).unwrap();
+            let _ = c.flush();
+            assert!(c.buf.len() <= MAX_BUFFERED + line.len(), "{}", c.buf.len());
+        }
+        c.write_all(b"Kernel panic - not syncing: x\n").unwrap();
+        assert!(c.panic_flag().load(Ordering::SeqCst), "still watched");
+    }
     use std::sync::Mutex;
 
     #[derive(Clone, Default)]

@@ -1,25 +1,24 @@
 //! mvm: run a command in a throwaway KVM microVM with its own kernel.
 //!
-//! `cli` parses and maps outcomes to exit codes; `builder` assembles a VM in
-//! one linear function from `vm`, `memory`, `device_manager`, `kernel` and
-//! `arch`; `runner` starts the `vcpu` threads and drives the `event_loop`.
+//! `cli` parses and hands each subcommand to its front end in `front`
+//! (`run`, `boot`), which maps every way a run ends to an exit code. The
+//! front ends drive a `machine`: created and booted in one linear function
+//! each (`machine::create`, `machine::boot`), then started, paused,
+//! resumed and waited for. `session` is `mvm run`'s exec client,
+//! `shares`/`virtiofsd` its shared directories, `confine` the VMM's own
+//! sandbox.
 
 pub mod arch;
-pub mod builder;
 pub mod cli;
 pub mod config;
 pub mod confine;
 pub mod console;
-pub mod device_manager;
-pub mod event_loop;
 pub mod exit_code;
-pub mod kernel;
-pub mod memory;
-mod run_command;
-pub mod runner;
+pub mod front;
+pub mod helper_log;
+pub mod machine;
 pub mod session;
 pub mod shares;
-pub mod vcpu;
+pub mod timeline;
 pub mod virtiofsd;
 pub mod virtiofsd_filter;
-pub mod vm;

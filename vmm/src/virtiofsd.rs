@@ -22,11 +22,13 @@
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use crate::helper_log::{self, LogPump};
 
 /// The fd number the listening socket has in virtiofsd.
 const SOCKET_FD: RawFd = 3;
@@ -51,11 +53,13 @@ pub enum Error {
 /// What one virtiofsd serves and where it talks.
 pub struct Request<'a> {
     pub binary: &'a Path,
-    pub shared_dir: &'a Path,
+    /// The shared directory, open: virtiofsd starts in it and serves `.`,
+    /// so the directory is never looked up by name again.
+    pub shared_dir: &'a OwnedFd,
     pub read_only: bool,
     /// Created here; must not exist yet.
     pub socket: &'a Path,
-    /// virtiofsd's stderr.
+    /// virtiofsd's stderr, capped (helper_log.rs).
     pub log: &'a Path,
     /// Who owns what the guest creates.
     pub uid: u32,
@@ -69,13 +73,17 @@ pub struct Request<'a> {
 pub struct Virtiofsd {
     child: Child,
     log: PathBuf,
+    /// Copies its stderr into `log`, capped; handed to the machine's event
+    /// loop once there is one ([`Virtiofsd::take_log_pump`]).
+    pump: Option<LogPump>,
 }
 
 /// The arguments virtiofsd gets, apart from the binary.
 pub fn arguments(req: &Request) -> Vec<String> {
     let mut args = vec![
         format!("--fd={SOCKET_FD}"),
-        format!("--shared-dir={}", req.shared_dir.display()),
+        // The working directory virtiofsd starts in: the open share.
+        "--shared-dir=.".into(),
         "--sandbox=namespace".into(),
         "--seccomp=kill".into(),
         // Without CAP_MKNOD a guest (even one whose uids map to root) cannot
@@ -113,7 +121,10 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
     let listener = UnixListener::bind(req.socket)
         .map_err(|e| Error::Socket(req.socket.display().to_string(), e))?;
     let log = File::create(req.log).map_err(|e| Error::Log(req.log.display().to_string(), e))?;
+    let (stderr, pump) =
+        helper_log::pipe(log).map_err(|e| Error::Log(req.log.display().to_string(), e))?;
     let listen_fd = listener.as_raw_fd();
+    let dir_fd = req.shared_dir.as_raw_fd();
     // Built here: the child between fork and exec only applies them.
     let filters = crate::virtiofsd_filter::programs().map_err(|e| Error::Filter(e.to_string()))?;
     let mut command = Command::new(req.binary);
@@ -121,7 +132,7 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
         .args(arguments(req))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(Stdio::from(stderr))
         .env_clear();
     // SAFETY: the closure runs in the forked child before exec and only
     // makes system calls (dup2, fcntl, setpgid, prctl, getppid, seccomp);
@@ -129,7 +140,7 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
     unsafe {
         let parent = std::process::id() as libc::pid_t;
         command.pre_exec(move || {
-            child_setup(listen_fd, parent)?;
+            child_setup(listen_fd, dir_fd, parent)?;
             for filter in &filters {
                 seccompiler::apply_filter(filter).map_err(|e| io::Error::other(e.to_string()))?;
             }
@@ -144,12 +155,14 @@ pub fn spawn(req: &Request) -> Result<Virtiofsd, Error> {
     Ok(Virtiofsd {
         child,
         log: req.log.to_owned(),
+        pump: Some(pump),
     })
 }
 
-/// In the child, before exec: the socket on fd 3 (inheritable), a process
-/// group of its own, and death with the parent.
-fn child_setup(listen_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
+/// In the child, before exec: the shared directory as the working
+/// directory, the socket on fd 3 (inheritable), a process group of its
+/// own, and death with the parent.
+fn child_setup(listen_fd: RawFd, dir_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
     let check = |ret: libc::c_int| {
         if ret < 0 {
             Err(io::Error::last_os_error())
@@ -159,6 +172,7 @@ fn child_setup(listen_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
     };
     // SAFETY: plain syscalls on fds and ids this process owns.
     unsafe {
+        check(libc::fchdir(dir_fd))?;
         if listen_fd == SOCKET_FD {
             // dup2 onto itself keeps FD_CLOEXEC; clear it by hand.
             check(libc::fcntl(SOCKET_FD, libc::F_SETFD, 0))?;
@@ -176,9 +190,23 @@ fn child_setup(listen_fd: RawFd, parent: libc::pid_t) -> io::Result<()> {
 }
 
 impl Virtiofsd {
+    /// Its process group (its pid: `setpgid(0, 0)` in `child_setup`), the
+    /// one the VMM kills at the end.
+    pub fn process_group(&self) -> libc::pid_t {
+        self.child.id() as libc::pid_t
+    }
+
+    /// The pump of its log, for the machine's event loop.
+    pub fn take_log_pump(&mut self) -> Option<LogPump> {
+        self.pump.take()
+    }
+
     /// If virtiofsd has exited: how (its last log line, or its status).
     pub fn exit_report(&mut self) -> Option<String> {
         let status = self.child.try_wait().ok().flatten()?;
+        if let Some(pump) = &mut self.pump {
+            pump.drain();
+        }
         let last = File::open(&self.log).ok().and_then(|f| {
             BufReader::new(f)
                 .lines()
@@ -210,10 +238,14 @@ impl Drop for Virtiofsd {
 mod tests {
     use super::*;
 
+    fn dir() -> OwnedFd {
+        File::open("/").unwrap().into()
+    }
+
     fn request(read_only: bool) -> Vec<String> {
         arguments(&Request {
             binary: Path::new("virtiofsd"),
-            shared_dir: Path::new("/srv/project"),
+            shared_dir: &dir(),
             read_only,
             socket: Path::new("/run/fs.sock"),
             log: Path::new("/run/fs.log"),
@@ -231,7 +263,10 @@ mod tests {
         assert!(ro.contains(&"--sandbox=namespace".to_string()));
         assert!(ro.contains(&"--seccomp=kill".to_string()));
         assert!(ro.contains(&"--modcaps=-mknod".to_string()));
-        assert!(ro.contains(&"--shared-dir=/srv/project".to_string()));
+        assert!(
+            ro.contains(&"--shared-dir=.".to_string()),
+            "served from its open directory"
+        );
         assert!(!request(false).contains(&"--readonly".to_string()));
     }
 
@@ -243,7 +278,7 @@ mod tests {
         assert!(!args.iter().any(|a| a.contains("=host:")), "{args:?}");
         let root_caller = arguments(&Request {
             binary: Path::new("virtiofsd"),
-            shared_dir: Path::new("/srv/project"),
+            shared_dir: &dir(),
             read_only: false,
             socket: Path::new("/run/fs.sock"),
             log: Path::new("/run/fs.log"),

@@ -218,6 +218,71 @@ fn shared_directories_are_checked_before_the_vm_starts() {
 }
 
 #[test]
+fn the_home_directory_and_what_lies_above_it_are_not_shared_by_accident() {
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    let home = dir.as_path().join("home/user");
+    let project = home.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let home = home.to_str().unwrap().to_string();
+    let above = dir.as_path().join("home").to_str().unwrap().to_string();
+    let env = [
+        ("HOME", home.as_str()),
+        ("MVM_KVM_DEVICE", "/nonexistent/kvm"),
+    ];
+    for (flags, needle) in [
+        (vec!["--workspace", "/"], "is the root directory"),
+        (
+            vec!["--workspace", &home, "--write"],
+            "is your home directory",
+        ),
+        (vec!["--workspace", &above], "above your home directory"),
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(&flags);
+        args.extend(["--", "true"]);
+        let out = mvm(&args, &env);
+        assert_one_line_error(&out, SETUP_FAILED, needle);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-home-share"));
+    }
+    let mount = format!("{home}:/h:ro");
+    let out = mvm(
+        &[
+            "run",
+            "--workspace",
+            project.to_str().unwrap(),
+            "--mount",
+            &mount,
+            "--",
+            "true",
+        ],
+        &env,
+    );
+    assert_one_line_error(&out, SETUP_FAILED, "is your home directory");
+    // Control: with the flag, and for a project inside home, the share
+    // check passes and the run gets as far as KVM (which is missing here).
+    for args in [
+        vec![
+            "run",
+            "--workspace",
+            &home,
+            "--allow-home-share",
+            "--",
+            "true",
+        ],
+        vec![
+            "run",
+            "--workspace",
+            project.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    ] {
+        let out = mvm(&args, &env);
+        assert_one_line_error(&out, KVM_UNAVAILABLE, "does not exist");
+    }
+}
+
+#[test]
 fn an_unreadable_workspace_is_refused() {
     let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
     let locked = dir.as_path().join("locked");

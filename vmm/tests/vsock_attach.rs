@@ -1,4 +1,4 @@
-//! `device_manager::attach_vsock` against this machine's /dev/kvm: the
+//! `machine::vsock::attach_vsock` against this machine's /dev/kvm: the
 //! slot, the kernel parameter, the registers on the MMIO bus, the Unix
 //! socket and its errors. What the guest's driver does with the device is
 //! covered by the device's unit tests (mvm-devices) and, with a Linux
@@ -12,8 +12,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use mvm::arch::x86_64::layout::VIRTIO_MMIO_BASE;
-use mvm::device_manager::{self, DeviceEnv, Error, Subscriber};
-use mvm::{memory, vm};
+use mvm::machine::attach::{DeviceEnv, Error, Subscriber};
+use mvm::machine::{kvm as vm, memory, vsock};
 use mvm_devices::bus::Bus;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -34,26 +34,16 @@ fn attach(devices: &[(u64, &Path)]) -> Option<Attached> {
     let vm = vm::create_vm(&kvm).unwrap();
     let mem = memory::create(64 << 20, memory::Backing::Private).unwrap();
     vm::register_memory(&vm, &mem).unwrap();
-    let (mut pio, mut mmio) = (Bus::new(), Bus::new());
-    let (mut cmdline, mut subscribers) = (Vec::new(), Vec::new());
-    let mut env = DeviceEnv {
-        vm: &vm,
-        mem: &mem,
-        pio: &mut pio,
-        mmio: &mut mmio,
-        cmdline_extra: &mut cmdline,
-        subscribers: &mut subscribers,
-        virtio_slots: 0,
-    };
+    let mut env = DeviceEnv::new(&vm, &mem, None);
     let results = devices
         .iter()
-        .map(|(cid, path)| device_manager::attach_vsock(&mut env, *cid, path))
+        .map(|(cid, path)| vsock::attach_vsock(&mut env, *cid, path))
         .collect();
     Some(Attached {
         results,
-        cmdline,
-        mmio,
-        subscribers,
+        cmdline: env.cmdline_extra,
+        mmio: env.mmio,
+        subscribers: env.subscribers,
     })
 }
 

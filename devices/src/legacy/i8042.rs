@@ -3,22 +3,32 @@
 //! CPU-reset command to port 0x64, and the VMM stops the VM when the reset
 //! `EventFd` fires.
 
-use super::EventFdTrigger;
-use crate::bus::BusDevice;
+use vm_superio::Trigger;
 
-pub struct I8042 {
-    dev: vm_superio::I8042Device<EventFdTrigger>,
+use crate::bus::BusDevice;
+use crate::state::{DeviceState, Persist, SaveError};
+
+/// `T` is the reset line: the VMM's stop handle, or an eventfd in tests.
+pub struct I8042<T: Trigger> {
+    dev: vm_superio::I8042Device<T>,
 }
 
-impl I8042 {
-    pub fn new(reset: EventFdTrigger) -> Self {
+impl<T: Trigger> I8042<T> {
+    pub fn new(reset: T) -> Self {
         Self {
             dev: vm_superio::I8042Device::new(reset),
         }
     }
 }
 
-impl BusDevice for I8042 {
+impl<T: Trigger + Send> Persist for I8042<T> {
+    /// vm-superio's i8042 has no registers to save.
+    fn save(&self) -> Result<DeviceState, SaveError> {
+        Ok(DeviceState::I8042)
+    }
+}
+
+impl<T: Trigger + Send> BusDevice for I8042<T> {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if let (Some(first), Ok(offset)) = (data.first_mut(), u8::try_from(offset)) {
             *first = self.dev.read(offset);
@@ -38,6 +48,7 @@ impl BusDevice for I8042 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::legacy::EventFdTrigger;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     #[test]

@@ -5,24 +5,37 @@
 //! first write of each value (benchmarks use [`BOOT_MARKER_INIT_STARTED`]).
 //! Offset 4, 32-bit write: the guest command's exit status (0-255, or
 //! 128 + signal), written just before guest-init reboots the VM.
-//! The port numbers live in the VMM's layout module and in
-//! guest-init/src/vmm_port.rs; docs/protocol.md describes both.
+//! Ports, offsets and marker values are the boot contract
+//! (`mvm_protocol::boot`), which guest-init uses too; docs/protocol.md
+//! describes it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use mvm_protocol::boot;
+use serde::{Deserialize, Serialize};
+
 use crate::bus::BusDevice;
+use crate::state::{DeviceState, Persist, SaveError};
 
 /// Length of the port range the device claims.
-pub const STATUS_PORT_LEN: u64 = 8;
+pub const STATUS_PORT_LEN: u64 = boot::STATUS_PORT_LEN as u64;
 /// Marker written by guest-init as its first act in userspace.
-pub const BOOT_MARKER_INIT_STARTED: u8 = 1;
+pub const BOOT_MARKER_INIT_STARTED: u8 = boot::MARKER_INIT_STARTED;
 /// Marker written by guest-init once it is set up (its readiness line is
 /// on the console) and the command starts next.
-pub const BOOT_MARKER_INIT_READY: u8 = 2;
+pub const BOOT_MARKER_INIT_READY: u8 = boot::MARKER_INIT_READY;
 
-const MARKER_OFFSET: u64 = 0;
-const STATUS_OFFSET: u64 = 4;
+const MARKER_OFFSET: u64 = boot::MARKER_OFFSET as u64;
+const STATUS_OFFSET: u64 = boot::EXIT_STATUS_OFFSET as u64;
+
+/// What the guest has reported so far: the markers (without their host
+/// timestamps, which mean nothing in another process) and the status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusPortSnapshot {
+    pub markers: Vec<u8>,
+    pub exit_status: Option<u32>,
+}
 
 /// What the guest reported; shared between the device and the VMM.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -61,6 +74,31 @@ pub struct StatusPort {
 impl StatusPort {
     pub fn new(report: GuestReport) -> Self {
         Self { report }
+    }
+
+    /// A status port that has already seen what `saved` holds; restored
+    /// markers are timestamped now.
+    pub fn from_snapshot(report: GuestReport, saved: &StatusPortSnapshot) -> Self {
+        let now = Instant::now();
+        report.update(|r| {
+            r.exit_status = saved.exit_status;
+            r.markers = saved.markers.iter().map(|m| (*m, now)).collect();
+        });
+        Self { report }
+    }
+
+    pub fn save(&self) -> StatusPortSnapshot {
+        let report = self.report.snapshot();
+        StatusPortSnapshot {
+            markers: report.markers.iter().map(|(m, _)| *m).collect(),
+            exit_status: report.exit_status,
+        }
+    }
+}
+
+impl Persist for StatusPort {
+    fn save(&self) -> Result<DeviceState, SaveError> {
+        Ok(DeviceState::StatusPort(StatusPort::save(self)))
     }
 }
 
@@ -105,6 +143,22 @@ mod tests {
         assert_eq!(r.exit_status, Some(7));
         assert_eq!(r.markers.len(), 1);
         assert_eq!(r.markers[0].0, BOOT_MARKER_INIT_STARTED);
+    }
+
+    #[test]
+    fn saved_markers_and_status_come_back() {
+        let report = GuestReport::default();
+        let mut port = StatusPort::new(report.clone());
+        port.write(0, &[BOOT_MARKER_INIT_STARTED]);
+        let saved = port.save();
+        assert_eq!(saved.markers, [BOOT_MARKER_INIT_STARTED]);
+        assert_eq!(saved.exit_status, None);
+        let json = serde_json::to_string(&saved).unwrap();
+        let other = GuestReport::default();
+        let back = StatusPort::from_snapshot(other.clone(), &serde_json::from_str(&json).unwrap());
+        assert_eq!(back.save(), saved);
+        assert!(other.has_marker(BOOT_MARKER_INIT_STARTED));
+        assert_eq!(other.snapshot().exit_status, None);
     }
 
     #[test]

@@ -6,9 +6,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueState};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
+
+use super::state::VirtioDeviceSnapshot;
+use crate::state::{RestoreError, SaveError};
 
 /// Why a device refused to start with what the driver set up.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -85,6 +88,17 @@ impl Interrupt {
         self.status.store(0, Ordering::SeqCst);
     }
 
+    /// The raised, unacknowledged bits (without the sticky ones), to save.
+    pub(crate) fn pending(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    /// Puts back saved pending bits without raising the interrupt again:
+    /// the guest's interrupt controller state carries whether it was taken.
+    pub(crate) fn restore_pending(&self, bits: u32) {
+        self.status.store(bits, Ordering::SeqCst);
+    }
+
     /// The irqfd: for tests that check an interrupt was (or was not) sent,
     /// and for backends that raise it themselves.
     pub fn irqfd(&self) -> &EventFd {
@@ -134,6 +148,15 @@ pub trait VirtioDevice: Send {
     /// state the driver knew about. After this returns the device no longer
     /// touches guest memory through the old queues.
     fn reset(&mut self);
+    /// What identifies this device in a snapshot; an error when its state
+    /// cannot be captured (it lives in a backend process).
+    fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError>;
+    /// The queues as the running device has advanced them (after
+    /// DRIVER_OK the device, not the transport, owns the ring positions);
+    /// None while it is not running.
+    fn active_queues(&self) -> Option<Vec<QueueState>>;
+    /// Refuses a snapshot taken of another device (kind, CID, tag).
+    fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError>;
 }
 
 #[cfg(test)]

@@ -22,7 +22,9 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{Activation, Interrupt, VirtioDevice};
+use super::state::{QueueSnapshot, TransportSnapshot};
 use crate::bus::BusDevice;
+use crate::state::{DeviceState, Persist, RestoreError, SaveError};
 
 /// "virt" in little endian.
 const MAGIC_VALUE: u32 = 0x7472_6976;
@@ -139,6 +141,114 @@ impl<D: VirtioDevice> MmioTransport<D> {
 
     fn driver_ok(&self) -> bool {
         self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0
+    }
+
+    /// The device runs: DRIVER_OK was accepted and did not end in
+    /// NEEDS_RESET.
+    fn device_running(&self) -> bool {
+        self.driver_ok() && self.status & VIRTIO_CONFIG_S_NEEDS_RESET == 0
+    }
+
+    /// The registers, the queues (with the running device's ring
+    /// positions) and the device's identity.
+    pub fn save(&self) -> Result<TransportSnapshot, SaveError> {
+        let device = self.device.save()?;
+        let live = self
+            .device_running()
+            .then(|| self.device.active_queues())
+            .flatten();
+        let queues = match live {
+            Some(live) => live.into_iter().map(QueueSnapshot::from).collect(),
+            None => self.queues.iter().map(|q| q.state().into()).collect(),
+        };
+        Ok(TransportSnapshot {
+            device_type: self.device.device_type(),
+            status: self.status,
+            acked_features: self.acked_features,
+            queue_select: self.queue_select,
+            device_features_select: self.device_features_select,
+            driver_features_select: self.driver_features_select,
+            config_generation: self.config_generation,
+            interrupt_status: self.interrupt.pending(),
+            queues,
+            device,
+        })
+    }
+
+    /// A transport in front of `device` as `saved` left it. Everything in
+    /// `saved` is checked against the device (type, queue count and
+    /// sizes, identity, addresses within guest memory); a device that was
+    /// running is activated again with the saved ring positions.
+    pub fn restore(
+        device: D,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<Interrupt>,
+        queue_evts: Vec<EventFd>,
+        saved: &TransportSnapshot,
+    ) -> Result<Self, RestoreError> {
+        let kind = saved.device.kind();
+        let invalid = |why: String| RestoreError::Invalid { device: kind, why };
+        let mut t =
+            Self::new(device, mem, interrupt, queue_evts).map_err(|e| invalid(e.to_string()))?;
+        if saved.device_type != t.device.device_type() {
+            return Err(RestoreError::Mismatch {
+                device: kind,
+                why: format!(
+                    "device type {} saved, {} here",
+                    saved.device_type,
+                    t.device.device_type()
+                ),
+            });
+        }
+        t.device.check_snapshot(&saved.device)?;
+        if saved.queues.len() != t.queues.len() {
+            return Err(RestoreError::Mismatch {
+                device: kind,
+                why: format!(
+                    "{} queues saved, {} here",
+                    saved.queues.len(),
+                    t.queues.len()
+                ),
+            });
+        }
+        if saved.acked_features & !t.device.features() != 0 {
+            return Err(RestoreError::Mismatch {
+                device: kind,
+                why: format!(
+                    "features {:#x} were acked, the device offers {:#x}",
+                    saved.acked_features,
+                    t.device.features()
+                ),
+            });
+        }
+        for (index, (queue, q)) in t.queues.iter_mut().zip(&saved.queues).enumerate() {
+            if q.max_size != queue.max_size() {
+                return Err(invalid(format!(
+                    "queue {index} had maximum size {}, the device has {}",
+                    q.max_size,
+                    queue.max_size()
+                )));
+            }
+            *queue = Queue::try_from(virtio_queue::QueueState::from(*q))
+                .map_err(|e| invalid(format!("queue {index}: {e}")))?;
+            if queue.ready() && !queue.is_valid(&t.mem) {
+                return Err(invalid(format!("queue {index} lies outside guest memory")));
+            }
+        }
+        t.queue_select = saved.queue_select;
+        t.device_features_select = saved.device_features_select;
+        t.driver_features_select = saved.driver_features_select;
+        t.acked_features = saved.acked_features;
+        t.config_generation = saved.config_generation;
+        t.status = saved.status;
+        t.interrupt.restore_pending(saved.interrupt_status);
+        if t.device_running() {
+            t.activate().map_err(|e| RestoreError::Activate {
+                device: kind,
+                why: e.to_string(),
+            })?;
+        }
+        Ok(t)
     }
 
     /// The selected queue while its configuration may still change: before
@@ -302,6 +412,12 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 }
 
+impl<D: VirtioDevice> Persist for MmioTransport<D> {
+    fn save(&self) -> Result<DeviceState, SaveError> {
+        MmioTransport::save(self).map(DeviceState::Virtio)
+    }
+}
+
 impl<D: VirtioDevice> BusDevice for MmioTransport<D> {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if offset >= CONFIG_OFFSET {
@@ -335,6 +451,7 @@ mod tests {
 
     use super::*;
     use crate::virtio::device::Error as DeviceError;
+    use crate::virtio::state::VirtioDeviceSnapshot;
 
     const DEVICE_TYPE: u32 = 42;
     /// VERSION_1 plus one device-specific bit in each half.
@@ -377,6 +494,126 @@ mod tests {
         fn reset(&mut self) {
             self.resets += 1;
         }
+        fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {
+            Ok(VirtioDeviceSnapshot::Vsock { cid: 7 })
+        }
+        fn active_queues(&self) -> Option<Vec<virtio_queue::QueueState>> {
+            // As a running device would: it has moved past two buffers.
+            self.activated.last().map(|qs| {
+                qs.iter()
+                    .map(|q| virtio_queue::QueueState {
+                        next_avail: 2,
+                        next_used: 2,
+                        ..*q
+                    })
+                    .collect()
+            })
+        }
+        fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError> {
+            match saved {
+                VirtioDeviceSnapshot::Vsock { cid: 7 } => Ok(()),
+                _ => Err(RestoreError::Mismatch {
+                    device: "dummy",
+                    why: "not cid 7".into(),
+                }),
+            }
+        }
+    }
+
+    fn restore_into_fresh(saved: &TransportSnapshot) -> Result<Setup, RestoreError> {
+        setup_with(|dev, mem, interrupt, evts| {
+            MmioTransport::restore(dev, mem, interrupt, evts, saved)
+        })
+    }
+
+    #[test]
+    fn a_running_transport_saves_and_restores_with_the_device_ring_positions() {
+        let mut s = setup();
+        negotiate(&mut s.t);
+        setup_queues(&mut s.t);
+        w(
+            &mut s.t,
+            STATUS,
+            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+        );
+        s.interrupt.signal_used_queue().unwrap();
+        w(&mut s.t, QUEUE_SEL, 1);
+        let saved = s.t.save().unwrap();
+        assert_eq!(
+            saved.queues[0].next_avail, 2,
+            "taken from the running device"
+        );
+        assert_eq!(saved.interrupt_status, VIRTIO_MMIO_INT_VRING);
+        let json = serde_json::to_string(&saved).unwrap();
+        let saved: TransportSnapshot = serde_json::from_str(&json).unwrap();
+
+        let mut back = restore_into_fresh(&saved).unwrap();
+        assert_eq!(back.t.save().unwrap(), saved, "save(restore(x)) == x");
+        assert_eq!(r(&mut back.t, STATUS), r(&mut s.t, STATUS));
+        assert_eq!(r(&mut back.t, QUEUE_NUM_MAX), 8, "queue 1 still selected");
+        assert_eq!(r(&mut back.t, INTERRUPT_STATUS), VIRTIO_MMIO_INT_VRING);
+        // The device was started again, at the saved positions.
+        let restarted = &back.t.device().activated;
+        assert_eq!(restarted.len(), 1);
+        assert_eq!(restarted[0][0].next_avail, 2);
+        assert_eq!(restarted[0][1].size, 8);
+        assert_eq!(back.t.device().acked, 1 << VIRTIO_F_VERSION_1);
+        // Queue setup is frozen after DRIVER_OK, as before the save.
+        w(&mut back.t, QUEUE_SEL, 0);
+        w(&mut back.t, QUEUE_NUM, 4);
+        assert_eq!(back.t.save().unwrap().queues[0].size, 16);
+        let _ = back.evts;
+    }
+
+    #[test]
+    fn a_transport_before_driver_ok_restores_without_starting_the_device() {
+        let mut s = setup();
+        negotiate(&mut s.t);
+        let saved = s.t.save().unwrap();
+        let back = restore_into_fresh(&saved).unwrap();
+        assert!(back.t.device().activated.is_empty());
+        assert_eq!(back.t.save().unwrap(), saved);
+    }
+
+    #[test]
+    fn a_snapshot_that_does_not_fit_is_refused() {
+        let mut s = setup();
+        negotiate(&mut s.t);
+        setup_queues(&mut s.t);
+        w(
+            &mut s.t,
+            STATUS,
+            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+        );
+        let good = s.t.save().unwrap();
+
+        let mut other_type = good.clone();
+        other_type.device_type = 1;
+        assert!(matches!(
+            restore_into_fresh(&other_type),
+            Err(RestoreError::Mismatch { .. })
+        ));
+        let mut other_device = good.clone();
+        other_device.device = VirtioDeviceSnapshot::Vsock { cid: 8 };
+        assert!(restore_into_fresh(&other_device).is_err());
+        let mut one_queue = good.clone();
+        one_queue.queues.pop();
+        assert!(restore_into_fresh(&one_queue).is_err());
+        let mut bad_size = good.clone();
+        bad_size.queues[0].size = 3;
+        assert!(matches!(
+            restore_into_fresh(&bad_size),
+            Err(RestoreError::Invalid { .. })
+        ));
+        let mut outside = good.clone();
+        outside.queues[0].desc_table = 1 << 40;
+        assert!(matches!(
+            restore_into_fresh(&outside),
+            Err(RestoreError::Invalid { .. })
+        ));
+        let mut unoffered = good;
+        unoffered.acked_features |= 1 << 20;
+        assert!(restore_into_fresh(&unoffered).is_err());
     }
 
     struct Setup {
@@ -385,15 +622,27 @@ mod tests {
         interrupt: Arc<Interrupt>,
     }
 
-    fn setup() -> Setup {
+    /// A transport made by `make` over fresh memory, eventfds and interrupt.
+    fn setup_with<E>(
+        make: impl FnOnce(
+            Dummy,
+            GuestMemoryMmap,
+            Arc<Interrupt>,
+            Vec<EventFd>,
+        ) -> Result<MmioTransport<Dummy>, E>,
+    ) -> Result<Setup, E> {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
         let evts: Vec<EventFd> = (0..2)
             .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
             .collect();
         let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
         let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
-        let t = MmioTransport::new(Dummy::default(), mem, interrupt.clone(), clones).unwrap();
-        Setup { t, evts, interrupt }
+        let t = make(Dummy::default(), mem, interrupt.clone(), clones)?;
+        Ok(Setup { t, evts, interrupt })
+    }
+
+    fn setup() -> Setup {
+        setup_with(MmioTransport::new).unwrap()
     }
 
     fn r(t: &mut MmioTransport<Dummy>, offset: u64) -> u32 {

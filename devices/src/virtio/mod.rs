@@ -10,6 +10,7 @@
 pub mod device;
 pub mod fs;
 pub mod mmio;
+pub mod state;
 pub mod vsock;
 
 pub use device::{Activation, Interrupt, VirtioDevice};

@@ -78,9 +78,10 @@ pub enum Step {
     Chdir = 7,
     NoNewPrivs = 8,
     Exec = 9,
+    Ports = 10,
 }
 
-const STEPS: [Step; 9] = [
+const STEPS: [Step; 10] = [
     Step::Stdio,
     Step::Home,
     Step::Limit,
@@ -90,6 +91,7 @@ const STEPS: [Step; 9] = [
     Step::Chdir,
     Step::NoNewPrivs,
     Step::Exec,
+    Step::Ports,
 ];
 
 /// What the child reports through the error pipe: step byte + errno (LE).
@@ -145,6 +147,7 @@ impl Failure {
             Step::Gid => format!("cannot switch to group {}: {why}", prep.gid),
             Step::Uid => format!("cannot switch to user {}: {why}", prep.uid),
             Step::NoNewPrivs => format!("cannot set no_new_privs: {why}"),
+            Step::Ports => format!("cannot give up the VMM's I/O ports: {why}"),
         }
     }
 }
@@ -305,6 +308,10 @@ fn setup(prep: &Prepared, stdio: &Stdio) -> Result<(), Failure> {
     // single-threaded process, on fds it owns and C strings that outlive
     // the calls.
     unsafe {
+        // PID 1's access to the status port survives fork, setuid and exec:
+        // with it the command could write its own exit status (or a boot
+        // marker) to the VMM. Dropping it needs no privilege.
+        step(Step::Ports, crate::vmm_port::revoke())?;
         // A session of its own: the command's process group is its pid, and
         // a pty can become its controlling terminal.
         step(Step::Stdio, libc::setsid())?;

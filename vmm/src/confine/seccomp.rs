@@ -18,6 +18,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -65,6 +66,17 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 
 pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::SeqCst);
+}
+
+/// The process groups of the helpers (virtiofsd) the vmm thread may end:
+/// the only `kill` it is allowed, `kill(-group, SIGKILL)`. Set before the
+/// filters are built (before confinement).
+static HELPER_GROUPS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+pub fn allow_killing_groups(groups: &[libc::pid_t]) {
+    if let Ok(mut g) = HELPER_GROUPS.lock() {
+        g.extend_from_slice(groups);
+    }
 }
 
 thread_local! {
@@ -172,6 +184,30 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
         ThreadKind::Session | ThreadKind::Signals => TERMINAL_IOCTLS,
     };
     rules.insert(libc::SYS_ioctl, arg_is_one_of(1, ioctls).map_err(build)?);
+    if kind == ThreadKind::Vmm {
+        // Kicking a vCPU thread out of KVM_RUN (pause, stop): only this
+        // process's threads, only with the kick signal.
+        rules.insert(libc::SYS_tgkill, vec![own_kick().map_err(build)?]);
+        // Ending the helpers: SIGKILL to their process groups, nothing
+        // else (not -1, not another process of the user's).
+        let groups = HELPER_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
+        if !groups.is_empty() {
+            let kills = groups
+                .iter()
+                .map(|&g| kill_group(g))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(build)?;
+            rules.insert(libc::SYS_kill, kills);
+        }
+    }
+    if kind == ThreadKind::Session {
+        // The exec client's sockets are Unix sockets (to the vsock
+        // device's listener); no other family.
+        rules.insert(
+            libc::SYS_socket,
+            arg_is_one_of(0, &[libc::AF_UNIX as u64]).map_err(build)?,
+        );
+    }
     if matches!(kind, ThreadKind::Session | ThreadKind::Signals) {
         // Threads started from these name themselves (and their stacks).
         let options = [libc::PR_SET_NAME as u64, PR_SET_VMA];
@@ -198,6 +234,46 @@ fn arg_is_one_of(arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, seccompile
                 .and_then(|c| SeccompRule::new(vec![c]))
         })
         .collect()
+}
+
+/// The real-time signal that gets a vCPU thread out of `KVM_RUN` (its
+/// handler does nothing; machine/vcpu.rs). Firecracker uses SIGRTMIN + 0
+/// too; nothing else in mvm uses real-time signals.
+pub fn vcpu_kick_signal() -> i32 {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+/// `kill(-group, SIGKILL)`.
+fn kill_group(group: libc::pid_t) -> Result<SeccompRule, seccompiler::BackendError> {
+    SeccompRule::new(vec![
+        SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            u64::from((-group) as u32),
+        )?,
+        SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::SIGKILL as u64,
+        )?,
+    ])
+}
+
+/// `tgkill(getpid(), _, kick signal)`.
+fn own_kick() -> Result<SeccompRule, seccompiler::BackendError> {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u64;
+    SeccompRule::new(vec![
+        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid)?,
+        SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            vcpu_kick_signal() as u64,
+        )?,
+    ])
 }
 
 /// Argument `arg` (a `prot`) without PROT_EXEC: no new executable memory.
@@ -259,9 +335,9 @@ fn own_calls(kind: ThreadKind) -> &'static [i64] {
             // Stats (--print-stats).
             libc::SYS_getrusage,
             libc::SYS_mincore,
-            // Teardown: the helpers' process groups, the session directory
-            // (Landlock limits which files), the console tail.
-            libc::SYS_kill,
+            // Teardown: reaping the helpers (killing them: below), the
+            // session directory (Landlock limits which files), the console
+            // tail.
             libc::SYS_wait4,
             libc::SYS_openat,
             libc::SYS_newfstatat,
@@ -282,8 +358,8 @@ fn own_calls(kind: ThreadKind) -> &'static [i64] {
             libc::SYS_close,
         ],
         ThreadKind::Session => &[
-            // Connecting to the agent through the vsock socket, retrying.
-            libc::SYS_socket,
+            // Connecting to the agent through the vsock socket, retrying
+            // (socket: Unix only, below).
             libc::SYS_connect,
             libc::SYS_setsockopt,
             libc::SYS_fcntl,
@@ -448,6 +524,67 @@ mod tests {
             assert!(!COMMON.contains(&NEVER_ALLOWED));
             assert!(!own_calls(kind).contains(&NEVER_ALLOWED), "{kind:?}");
         }
+    }
+
+    /// Runs `probe` in a forked child under `kind`'s filter; its status.
+    fn under_filter(kind: ThreadKind, probe: impl FnOnce() -> i32) -> i32 {
+        let prog = program(kind).unwrap();
+        // SAFETY: fork in a test; the child only applies the filter, makes
+        // the probe's system calls and _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            if seccompiler::apply_filter(&prog).is_err() {
+                // SAFETY: ends the forked child.
+                unsafe { libc::_exit(100) };
+            }
+            let code = probe();
+            // SAFETY: ends the forked child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        status
+    }
+
+    #[test]
+    fn the_vmm_thread_may_kill_only_the_helpers_groups_and_sessions_make_only_unix_sockets() {
+        // A group that cannot exist (above the kernel's PID maximum): the
+        // allowed call then fails with ESRCH instead of killing anything.
+        const HELPER: libc::pid_t = 9_999_999;
+        allow_killing_groups(&[HELPER]);
+        let sigsys =
+            |status: i32| libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS;
+        // SAFETY (each probe): plain system calls in the forked child.
+        let allowed = under_filter(ThreadKind::Vmm, || unsafe {
+            (libc::kill(-HELPER, libc::SIGKILL) == -1) as i32
+        });
+        assert!(
+            libc::WIFEXITED(allowed) && libc::WEXITSTATUS(allowed) == 1,
+            "{allowed:#x}"
+        );
+        for (target, sig) in [
+            (-1, libc::SIGKILL),
+            (1, libc::SIGKILL),
+            (-HELPER, libc::SIGTERM),
+        ] {
+            let status = under_filter(ThreadKind::Vmm, || unsafe { libc::kill(target, sig) });
+            assert!(
+                sigsys(status),
+                "kill({target}, {sig}) was let through: {status:#x}"
+            );
+        }
+        let unix = under_filter(ThreadKind::Session, || unsafe {
+            (libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0) as i32
+        });
+        assert!(
+            libc::WIFEXITED(unix) && libc::WEXITSTATUS(unix) == 0,
+            "{unix:#x}"
+        );
+        let inet = under_filter(ThreadKind::Session, || unsafe {
+            libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0)
+        });
+        assert!(sigsys(inet), "an AF_INET socket was let through: {inet:#x}");
     }
 
     #[test]

@@ -3,12 +3,25 @@
 //! the run ends, however it ends (errors, timeouts and signals all unwind
 //! through `Drop`; only SIGKILL skips it, and the next run sweeps what a
 //! killed one left).
+//!
+//! Each session holds an exclusive `flock` on its `lock` file for as long
+//! as it lives, and the sweep removes only directories whose lock it can
+//! take: a PID says nothing across PID namespaces (a run in a container
+//! sharing the runtime directory has PIDs this one cannot see), a lock
+//! does.
 
-use std::fs::{self, DirBuilder};
+use std::fs::{self, DirBuilder, File};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The lock file in each session directory.
+const LOCK: &str = "lock";
+/// A directory without a lock file is either being created right now or
+/// from before locks; it is swept only once older than this.
+const UNLOCKED_GRACE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -20,6 +33,8 @@ pub enum Error {
 
 pub struct SessionDir {
     path: PathBuf,
+    /// Held (flock) for the session's lifetime; released when it closes.
+    _lock: File,
 }
 
 /// `$XDG_RUNTIME_DIR/mvm`, or `/tmp/mvm-<uid>` without one.
@@ -72,7 +87,13 @@ impl SessionDir {
             .unwrap_or_default();
         let path = base.join(format!("{}-{nanos:x}", std::process::id()));
         mkdir_private(&path).map_err(|e| create_err(&path, e))?;
-        Ok(Self { path })
+        let lock = File::create(path.join(LOCK))
+            .and_then(|f| try_lock(&f).map(|_| f))
+            .map_err(|e| {
+                let _ = fs::remove_dir_all(&path);
+                create_err(&path, e)
+            })?;
+        Ok(Self { path, _lock: lock })
     }
 
     pub fn path(&self) -> &Path {
@@ -94,22 +115,43 @@ impl Drop for SessionDir {
     }
 }
 
-/// Removes session directories whose mvm process no longer exists.
+/// An exclusive flock without waiting: Ok(true) taken, Ok(false) held by
+/// someone else.
+fn try_lock(file: &File) -> io::Result<bool> {
+    // SAFETY: flock on an fd this File owns; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Removes the session directories no live session holds the lock of.
 fn sweep_stale(base: &Path) {
     let Ok(entries) = fs::read_dir(base) else {
         return;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        let path = entry.path();
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
+        }
+        let stale = match File::open(path.join(LOCK)) {
+            // Taken: nobody holds it. The lock is dropped with the file.
+            Ok(lock) => try_lock(&lock).unwrap_or(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > UNLOCKED_GRACE),
+            Err(_) => false,
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = fs::remove_dir_all(entry.path());
+        if stale {
+            let _ = fs::remove_dir_all(&path);
         }
     }
 }
@@ -119,15 +161,16 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    fn scratch() -> PathBuf {
-        let p = std::env::temp_dir().join(format!("mvm-dir-test-{}", std::process::id()));
+    /// A base of its own per test (they run in parallel).
+    fn scratch(test: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("mvm-dir-test-{}-{test}", std::process::id()));
         let _ = fs::remove_dir_all(&p);
         p
     }
 
     #[test]
     fn private_and_removed_on_drop() {
-        let base = scratch();
+        let base = scratch("private");
         let dir = SessionDir::create_in(&base).unwrap();
         let path = dir.path().to_owned();
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o700);
@@ -139,25 +182,43 @@ mod tests {
     }
 
     #[test]
-    fn sweeps_dirs_of_dead_processes_only() {
-        let base = scratch().with_extension("sweep");
+    fn sweeps_only_dirs_whose_lock_nobody_holds() {
+        let base = scratch("sweep");
         fs::create_dir_all(&base).unwrap();
         fs::set_permissions(&base, fs::Permissions::from_mode(0o700)).unwrap();
-        // PIDs above the kernel's maximum (4194304) never exist.
+        // A session killed with SIGKILL: its lock file, nobody holding it.
         let dead = base.join("99999999-1");
-        let live = base.join(format!("{}-stale", std::process::id()));
         fs::create_dir(&dead).unwrap();
-        fs::create_dir(&live).unwrap();
+        File::create(dead.join(LOCK)).unwrap();
+        // A live session of another PID namespace: a PID this process
+        // cannot see (above the kernel's maximum), its lock held.
+        let other_ns = base.join("99999998-1");
+        fs::create_dir(&other_ns).unwrap();
+        let held = File::create(other_ns.join(LOCK)).unwrap();
+        assert!(try_lock(&held).unwrap());
+        // One being created this instant: no lock file yet, and new.
+        let creating = base.join("99999997-1");
+        fs::create_dir(&creating).unwrap();
         let dir = SessionDir::create_in(&base).unwrap();
-        assert!(!dead.exists());
-        assert!(live.exists());
-        drop(dir);
+        assert!(!dead.exists(), "an unlocked session is swept");
+        assert!(
+            other_ns.exists(),
+            "a locked session is live, whatever its PID"
+        );
+        assert!(
+            creating.exists(),
+            "a new directory without a lock is left alone"
+        );
+        // The new session's own lock is held: a second sweep keeps it.
+        let second = SessionDir::create_in(&base).unwrap();
+        assert!(dir.path().exists());
+        drop((dir, second, held));
         fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
     fn refuses_a_base_others_can_enter() {
-        let base = scratch().with_extension("open");
+        let base = scratch("open");
         fs::create_dir_all(&base).unwrap();
         fs::set_permissions(&base, fs::Permissions::from_mode(0o777)).unwrap();
         assert!(matches!(

@@ -1,7 +1,8 @@
 //! One `mvm run`: the session directory, the exec client on its own
-//! thread, signal forwarding and the user's terminal. The VM itself runs
-//! on the caller's thread (`runner::run`); this module only talks to the
-//! guest agent through the vsock device's Unix socket.
+//! thread, signal forwarding and the user's terminal. The machine itself
+//! runs on the caller's thread (`Machine::wait`); this module only talks to the
+//! guest agent through the vsock device's Unix socket, and stops the machine
+//! only through its stop handle.
 
 pub mod client;
 pub mod dir;
@@ -12,17 +13,16 @@ use crate::confine::{seccomp, ThreadKind};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::machine::{StopHandle, StopReason};
 use mvm_protocol::{ExecRequest, Exit, Message, AGENT_PORT};
-use vmm_sys_util::eventfd::EventFd;
 
 pub use dir::SessionDir;
-pub use signals::{Target, Teardown};
+pub use signals::Target;
 
 /// After the command's exit status arrives the guest reboots by itself;
 /// if it has not within this long, the VMM stops it.
@@ -38,12 +38,8 @@ pub type Ended = (Exit, Instant);
 pub struct Session {
     done: Receiver<Result<Ended, client::Error>>,
     stream: Arc<Mutex<Option<UnixStream>>>,
-}
-
-/// What the session thread needs from the VM.
-pub struct VmHandle {
-    pub stopped: Arc<AtomicBool>,
-    pub stop_evt: Arc<EventFd>,
+    /// When the agent took the command (Hello both ways, Exec sent).
+    started: Arc<Mutex<Option<Instant>>>,
 }
 
 /// Starts the exec client: it waits for the guest agent, sends `request`
@@ -52,17 +48,27 @@ pub fn start(
     uds: PathBuf,
     request: ExecRequest,
     forward_stdin: bool,
-    vm: VmHandle,
+    vm: StopHandle,
     target: Target,
 ) -> std::io::Result<Session> {
     let (tx, done) = mpsc::channel();
     let stream = Arc::new(Mutex::new(None));
     let slot = stream.clone();
+    let started = Arc::new(Mutex::new(None));
+    let started_slot = started.clone();
     thread::Builder::new()
         .name("mvm-session".into())
         .spawn(move || {
             seccomp::install_or_exit(ThreadKind::Session);
-            let result = exec(&uds, request, forward_stdin, &vm, &target, &slot);
+            let result = exec(
+                &uds,
+                request,
+                forward_stdin,
+                &vm,
+                &target,
+                &slot,
+                &started_slot,
+            );
             // After the command's exit, and just as much after a channel
             // that broke or carried garbage (a guest that misbehaves must
             // not keep the run alive until --timeout): guest-init gets the
@@ -71,18 +77,23 @@ pub fn start(
             stop_guest_if_lingering(&vm);
             let _ = tx.send(result);
         })?;
-    Ok(Session { done, stream })
+    Ok(Session {
+        done,
+        stream,
+        started,
+    })
 }
 
 fn exec(
     uds: &std::path::Path,
     request: ExecRequest,
     forward_stdin: bool,
-    vm: &VmHandle,
+    vm: &StopHandle,
     target: &Target,
     slot: &Mutex<Option<UnixStream>>,
+    started: &Mutex<Option<Instant>>,
 ) -> Result<Ended, client::Error> {
-    let stream = client::connect(uds, AGENT_PORT, &|| vm.stopped.load(Ordering::SeqCst))?;
+    let stream = client::connect(uds, AGENT_PORT, &|| vm.is_stopped())?;
     if let Ok(mut s) = slot.lock() {
         *s = stream.try_clone().ok();
     }
@@ -90,6 +101,9 @@ fn exec(
         stream.try_clone().map_err(client::Error::Write)?,
     ));
     let mut reader = client::start(&stream, &writer, request)?;
+    if let Ok(mut at) = started.lock() {
+        *at = Some(Instant::now());
+    }
     if let Ok(mut t) = target.lock() {
         *t = Some(writer.clone());
     }
@@ -104,18 +118,23 @@ fn exec(
     exit
 }
 
-fn stop_guest_if_lingering(vm: &VmHandle) {
+fn stop_guest_if_lingering(vm: &StopHandle) {
     let deadline = Instant::now() + GUEST_STOP_GRACE;
     while Instant::now() < deadline {
-        if vm.stopped.load(Ordering::SeqCst) {
+        if vm.is_stopped() {
             return;
         }
         thread::sleep(Duration::from_millis(20));
     }
-    let _ = vm.stop_evt.write(1);
+    vm.stop(StopReason::Host);
 }
 
 impl Session {
+    /// When the guest agent took the command, if it did.
+    pub fn command_started(&self) -> Option<Instant> {
+        self.started.lock().ok().and_then(|at| *at)
+    }
+
     /// Called once the VM has stopped: the command's exit, or why there is
     /// none.
     pub fn finish(self) -> Result<Ended, client::Error> {

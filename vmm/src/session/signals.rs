@@ -6,87 +6,80 @@
 //! forward to, so any of them ends the run at once.
 
 use crate::confine::{seccomp, ThreadKind};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use mvm_protocol::{Message, Resize, Signal};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
 use signal_hook::iterator::Signals;
-use vmm_sys_util::eventfd::EventFd;
 
 use super::client::{self, Writer};
 use super::terminal;
+use crate::machine::{StopHandle, StopReason};
 
 /// How long a command gets to exit after a forwarded SIGTERM or SIGHUP.
 pub const TERMINATE_GRACE: Duration = Duration::from_secs(5);
 
-/// Ends the VM from outside the event loop, remembering the signal why.
-#[derive(Clone)]
-pub struct Teardown {
-    stop_evt: Arc<EventFd>,
-    signal: Arc<AtomicI32>,
-}
-
-impl Teardown {
-    pub fn new(stop_evt: Arc<EventFd>) -> Self {
-        Self {
-            stop_evt,
-            signal: Arc::new(AtomicI32::new(0)),
-        }
-    }
-
-    pub fn now(&self, signal: i32) {
-        let _ = self
-            .signal
-            .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
-        let _ = self.stop_evt.write(1);
-    }
-
-    /// The signal that tore the VM down, if one did.
-    pub fn signal(&self) -> Option<i32> {
-        match self.signal.load(Ordering::SeqCst) {
-            0 => None,
-            s => Some(s),
-        }
-    }
-}
-
 /// Where forwarded signals go once the command runs.
 pub type Target = Arc<Mutex<Option<Writer>>>;
 
-pub fn forward(teardown: Teardown, target: Target) -> std::io::Result<()> {
+/// Ends the VM through `stop` (with the signal as the reason) where a
+/// signal cannot be forwarded.
+///
+/// The frames go out on a thread of their own, in order: a send can block
+/// for as long as the guest withholds vsock credit or the stdin pump holds
+/// the channel in a long write, and the signal thread must stay free to
+/// take the next signal. For SIGTERM and SIGHUP the teardown timer is
+/// armed before the frame is even queued, so no guest can make them do
+/// nothing.
+pub fn forward(stop: StopHandle, target: Target) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH])?;
     thread::Builder::new()
         .name("mvm-signals".into())
         .spawn(move || {
             seccomp::install_or_exit(ThreadKind::Signals);
+            let (queue, frames) = mpsc::channel::<(Writer, i32, Message)>();
+            let sender_stop = stop.clone();
+            let sender = thread::Builder::new()
+                .name("mvm-signal-send".into())
+                .spawn(move || {
+                    seccomp::inherited(ThreadKind::Signals);
+                    for (writer, sig, msg) in frames {
+                        if client::send(&writer, &msg).is_err() {
+                            sender_stop.stop(StopReason::Signal(sig));
+                        }
+                    }
+                });
+            if sender.is_err() {
+                eprintln!(
+                    "mvm: cannot start the signal sender thread: signals end the run at once"
+                );
+            }
             for sig in signals.forever() {
                 let writer = target.lock().ok().and_then(|t| t.clone());
                 let Some(writer) = writer else {
                     if sig != SIGWINCH {
-                        teardown.now(sig);
+                        stop.stop(StopReason::Signal(sig));
                     }
                     continue;
                 };
+                if sig == SIGTERM || sig == SIGHUP {
+                    let stop = stop.clone();
+                    thread::spawn(move || {
+                        seccomp::inherited(ThreadKind::Signals);
+                        thread::sleep(TERMINATE_GRACE);
+                        stop.stop(StopReason::Signal(sig));
+                    });
+                }
                 let msg = if sig == SIGWINCH {
                     let (rows, cols) = terminal::size();
                     Message::Resize(Resize { rows, cols })
                 } else {
                     Message::Signal(Signal { signal: sig })
                 };
-                if client::send(&writer, &msg).is_err() {
-                    teardown.now(sig);
-                    continue;
-                }
-                if sig == SIGTERM || sig == SIGHUP {
-                    let teardown = teardown.clone();
-                    thread::spawn(move || {
-                        seccomp::inherited(ThreadKind::Signals);
-                        thread::sleep(TERMINATE_GRACE);
-                        teardown.now(sig);
-                    });
+                if sender.is_err() || queue.send((writer, sig, msg)).is_err() {
+                    stop.stop(StopReason::Signal(sig));
                 }
             }
         })?;

@@ -138,13 +138,19 @@ pub fn nobody_can_run(binary: &str) -> Result<(), String> {
     }
 }
 
+/// The code of [`parked_guest`].
+pub fn parked_guest_code() -> Vec<u8> {
+    let mut code = asm::print(b"hi\n");
+    code.extend(asm::out_byte(0x440, 1));
+    code.extend(asm::PARK);
+    code
+}
+
 /// An ELF guest that prints "hi", writes the boot marker and parks
 /// forever (cli; hlt), written to a temporary file.
 pub fn parked_guest() -> vmm_sys_util::tempfile::TempFile {
     use std::io::Write;
-    let mut code = asm::print(b"hi\n");
-    code.extend(asm::out_byte(0x440, 1));
-    code.extend(asm::PARK);
+    let code = parked_guest_code();
     let file = vmm_sys_util::tempfile::TempFile::new().unwrap();
     file.as_file().write_all(&elf_image(&code)).unwrap();
     file

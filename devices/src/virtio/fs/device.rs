@@ -8,13 +8,15 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_FS;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{CONFIG_SIZE, NUM_REQUEST_QUEUES, QUEUE_COUNT, QUEUE_SIZE, TAG_MAX_LEN};
 use super::Error as SetupError;
+use crate::state::{RestoreError, SaveError};
 use crate::virtio::device::{read_config_bytes, Activation, Error, VirtioDevice};
+use crate::virtio::state::VirtioDeviceSnapshot;
 
 /// The ring features the guest may use: the backend implements the rings,
 /// so these only need the backend's say-so; nothing else (no DAX window,
@@ -80,6 +82,13 @@ impl VhostUserFs {
             call_evt,
             running: false,
         })
+    }
+
+    /// The tag, from the config space it was written into.
+    fn tag(&self) -> String {
+        let raw = &self.config[..TAG_MAX_LEN];
+        let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        String::from_utf8_lossy(&raw[..len]).into_owned()
     }
 
     fn start_backend(
@@ -186,6 +195,38 @@ impl VirtioDevice for VhostUserFs {
             return Err(Error::BadQueue(bad));
         }
         self.start_backend(&mem, &queues, acked_features)
+    }
+
+    /// Only a device the driver has not started can be saved: once it runs,
+    /// the ring positions live in virtiofsd, and a vhost-user backend's
+    /// session cannot be carried into another process (Firecracker refuses
+    /// snapshots with vhost-user devices for the same reason).
+    fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {
+        if self.running {
+            return Err(SaveError::Unsupported {
+                device: "virtio-fs device",
+                why: "its driver has started it, and its ring state lives in virtiofsd".into(),
+            });
+        }
+        Ok(VirtioDeviceSnapshot::Fs { tag: self.tag() })
+    }
+
+    fn active_queues(&self) -> Option<Vec<QueueState>> {
+        None
+    }
+
+    fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError> {
+        match saved {
+            VirtioDeviceSnapshot::Fs { tag } if *tag == self.tag() => Ok(()),
+            VirtioDeviceSnapshot::Fs { tag } => Err(RestoreError::Mismatch {
+                device: "virtio-fs device",
+                why: format!("tag {tag:?} saved, {:?} here", self.tag()),
+            }),
+            other => Err(RestoreError::WrongKind {
+                device: "virtio-fs device",
+                saved: other.kind(),
+            }),
+        }
     }
 
     /// Stops the backend's rings (GET_VRING_BASE stops a ring in

@@ -6,12 +6,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{QUEUE_COUNT, QUEUE_SIZE};
+use crate::state::{RestoreError, SaveError};
 use crate::virtio::device::{read_config_bytes, Activation, Error, Interrupt, VirtioDevice};
+use crate::virtio::state::VirtioDeviceSnapshot;
 
 /// The running device's queues, owned by whoever holds the lock: the vCPU
 /// thread installing or dropping them (activate, reset), or the event loop
@@ -102,6 +104,34 @@ impl VirtioDevice for Vsock {
             interrupt,
         });
         self.wake_handler()
+    }
+
+    /// The CID is all that identifies the device. Host connections are
+    /// not state: a restored guest is told its transport was reset
+    /// (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET) and connects again.
+    fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {
+        Ok(VirtioDeviceSnapshot::Vsock { cid: self.cid })
+    }
+
+    fn active_queues(&self) -> Option<Vec<QueueState>> {
+        lock(&self.shared)
+            .active
+            .as_ref()
+            .map(|a| a.queues.iter().map(|q| q.state()).collect())
+    }
+
+    fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError> {
+        match saved {
+            VirtioDeviceSnapshot::Vsock { cid } if *cid == self.cid => Ok(()),
+            VirtioDeviceSnapshot::Vsock { cid } => Err(RestoreError::Mismatch {
+                device: "vsock device",
+                why: format!("guest CID {cid} saved, {} here", self.cid),
+            }),
+            other => Err(RestoreError::WrongKind {
+                device: "vsock device",
+                saved: other.kind(),
+            }),
+        }
     }
 
     fn reset(&mut self) {

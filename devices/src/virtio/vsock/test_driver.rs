@@ -211,6 +211,35 @@ fn unique_addr() -> SocketAddr {
     SocketAddr::from_abstract_name(name.as_bytes()).unwrap()
 }
 
+/// A new device and handler with their own socket and eventfds.
+struct Fresh {
+    addr: SocketAddr,
+    device: Vsock,
+    handler: VsockHandler,
+    transport_evts: Vec<EventFd>,
+    interrupt: Arc<Interrupt>,
+}
+
+impl Fresh {
+    fn new() -> Self {
+        let addr = unique_addr();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        let evts: Vec<EventFd> = (0..QUEUE_COUNT)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        let transport_evts = evts.iter().map(|e| e.try_clone().unwrap()).collect();
+        let (device, handler) = super::new(GUEST_CID, listener, evts).unwrap();
+        let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+        Self {
+            addr,
+            device,
+            handler,
+            transport_evts,
+            interrupt,
+        }
+    }
+}
+
 impl Guest {
     /// A device whose driver has not started yet.
     pub fn new_unstarted() -> Self {
@@ -218,14 +247,13 @@ impl Guest {
         let mem: &'static GuestMemoryMmap = Box::leak(Box::new(
             GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap(),
         ));
-        let addr = unique_addr();
-        let listener = UnixListener::bind_addr(&addr).unwrap();
-        let evts: Vec<EventFd> = (0..QUEUE_COUNT)
-            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-            .collect();
-        let clones = evts.iter().map(|e| e.try_clone().unwrap()).collect();
-        let (device, handler) = super::new(GUEST_CID, listener, evts).unwrap();
-        let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+        let Fresh {
+            addr,
+            device,
+            handler,
+            transport_evts: clones,
+            interrupt,
+        } = Fresh::new();
         let transport = MmioTransport::new(device, mem.clone(), interrupt.clone(), clones).unwrap();
         let mut em = EventManager::new().unwrap();
         let id = em.add_subscriber(handler);
@@ -292,6 +320,29 @@ impl Guest {
         status |= VIRTIO_CONFIG_S_DRIVER_OK;
         self.write_reg(reg::VIRTIO_MMIO_STATUS, status);
         assert_eq!(self.read_reg(reg::VIRTIO_MMIO_STATUS), status);
+        self.pump();
+    }
+
+    /// Saves the device, then replaces it with a new device and handler
+    /// (fresh eventfds, a new listening socket) restored from that state,
+    /// as a restored VM would have; the driver side (rings, memory) stays.
+    pub fn save_and_restore(&mut self) {
+        let saved = self.transport.save().unwrap();
+        let Fresh {
+            addr,
+            device,
+            handler,
+            transport_evts: clones,
+            interrupt,
+        } = Fresh::new();
+        self.transport =
+            MmioTransport::restore(device, self.mem.clone(), interrupt.clone(), clones, &saved)
+                .unwrap();
+        assert_eq!(self.transport.save().unwrap(), saved);
+        self.interrupt = interrupt;
+        self.em.remove_subscriber(self.id).unwrap();
+        self.id = self.em.add_subscriber(handler);
+        self.addr = addr;
         self.pump();
     }
 

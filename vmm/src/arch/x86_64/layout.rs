@@ -62,9 +62,11 @@ pub const SERIAL_IRQ: u32 = 4;
 /// i8042 data (0x60) through command (0x64) ports.
 pub const I8042_PORT: u64 = 0x60;
 pub const I8042_PORT_LEN: u64 = 5;
-/// mvm's status port (boot marker, command exit status): see
-/// devices/src/legacy/status_port.rs and guest-init/src/vmm_port.rs.
-pub const MVM_STATUS_PORT: u64 = 0x440;
+/// mvm's status port (boot markers, the command's exit status): its
+/// address is part of the boot contract guest-init shares
+/// (`mvm_protocol::boot`).
+pub const MVM_STATUS_PORT: u64 = mvm_protocol::boot::STATUS_PORT as u64;
+pub const MVM_STATUS_PORT_LEN: u64 = mvm_protocol::boot::STATUS_PORT_LEN as u64;
 
 /// Page size used for initramfs alignment.
 pub const PAGE_SIZE: u64 = 0x1000;

@@ -45,6 +45,8 @@ pub enum Error {
     },
     #[error("KVM refused guest memory region {slot}: {source}")]
     MemoryRegion { slot: u32, source: io::Error },
+    #[error("KVM cannot list the MSRs it saves: {0}")]
+    MsrIndex(io::Error),
 }
 
 fn setup(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
@@ -120,4 +122,12 @@ pub fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), Error> {
         })?;
     }
     Ok(())
+}
+
+/// The MSRs KVM saves and restores for a vCPU (`KVM_GET_MSR_INDEX_LIST`),
+/// read once while /dev/kvm is open.
+pub fn msr_index(kvm: &Kvm) -> Result<Vec<u32>, Error> {
+    kvm.get_msr_index_list()
+        .map(|list| list.as_slice().to_vec())
+        .map_err(|e| Error::MsrIndex(io::Error::from_raw_os_error(e.errno())))
 }

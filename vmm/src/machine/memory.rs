@@ -7,7 +7,10 @@ use std::fs::File;
 use std::io;
 use std::os::fd::FromRawFd;
 
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+use super::snapshot::RegionLayout;
 
 use crate::arch::x86_64::layout::{MMIO_GAP_END, MMIO_GAP_START};
 
@@ -17,6 +20,10 @@ pub enum Error {
     Allocate(u64, vm_memory::mmap::FromRangesError),
     #[error("cannot create {0} MiB of shareable guest memory (memfd): {1}")]
     Memfd(u64, io::Error),
+    #[error("the snapshot's memory layout is not that of a {0} MiB guest")]
+    Layout(u64),
+    #[error("cannot map the snapshot's guest memory: {0}")]
+    Map(String),
 }
 
 /// Anonymous memory, private to the VMM; or a memfd a backend can map.
@@ -71,6 +78,40 @@ fn memfd(size: u64) -> io::Result<File> {
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size)?;
     Ok(file)
+}
+
+/// Guest RAM from a snapshot's memory file, mapped privately: a page is
+/// read from the file when the guest first touches it, nothing up front,
+/// and the guest's writes stay in this process (copy on write), never
+/// reaching the file another VM may be restored from. The layout must be
+/// exactly that of a fresh guest of `mem_size`.
+pub fn from_snapshot(
+    file: &File,
+    layout: &[RegionLayout],
+    mem_size: u64,
+) -> Result<GuestMemoryMmap, Error> {
+    let expected: Vec<(u64, u64)> = ranges(mem_size)
+        .into_iter()
+        .map(|(addr, len)| (addr.0, len as u64))
+        .collect();
+    let saved: Vec<(u64, u64)> = layout.iter().map(|r| (r.guest_addr, r.len)).collect();
+    if saved != expected {
+        return Err(Error::Layout(mem_size >> 20));
+    }
+    let mut regions = Vec::with_capacity(layout.len());
+    for r in layout {
+        let handle = file.try_clone().map_err(|e| Error::Map(e.to_string()))?;
+        let mapping = MmapRegionBuilder::new(r.len as usize)
+            .with_file_offset(FileOffset::new(handle, r.file_offset))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+            .build()
+            .map_err(|e| Error::Map(e.to_string()))?;
+        let region = GuestRegionMmap::new(mapping, GuestAddress(r.guest_addr))
+            .ok_or_else(|| Error::Map(format!("region at {:#x} overflows", r.guest_addr)))?;
+        regions.push(region);
+    }
+    GuestMemoryMmap::from_regions(regions).map_err(|e| Error::Map(e.to_string()))
 }
 
 #[cfg(test)]

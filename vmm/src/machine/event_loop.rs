@@ -4,16 +4,15 @@
 
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use vmm_sys_util::eventfd::EventFd;
 
 use mvm_devices::legacy::{GuestReport, BOOT_MARKER_INIT_READY};
 
-use crate::device_manager::SerialConsole;
+use super::attach::SerialConsole;
+use super::stop::StopHandle;
 
 /// While console input waits for room in the UART FIFO, the loop wakes this
 /// often to offer it again (the UART has no "FIFO drained" event).
@@ -30,24 +29,22 @@ pub enum Error {
     Run(event_manager::Error),
 }
 
-/// Sets `stopped` when the VM's stop eventfd fires (i8042 reset, or a vCPU
-/// that stopped).
+/// Marks the stop seen when the stop handle's eventfd fires.
 struct StopWatcher {
-    evt: Arc<EventFd>,
-    stopped: Arc<AtomicBool>,
+    stop: StopHandle,
 }
 
 impl MutEventSubscriber for StopWatcher {
     fn process(&mut self, _events: Events, _ops: &mut EventOps) {
-        let _ = self.evt.read();
-        self.stopped.store(true, Ordering::SeqCst);
+        let _ = self.stop.event().read();
+        self.stop.mark_seen();
     }
 
     fn init(&mut self, ops: &mut EventOps) {
         // Registration can only fail if the fd is already registered, which
         // cannot happen for a fresh subscriber; without it the VM would never
         // be seen to stop, so say so loudly.
-        if let Err(e) = ops.add(Events::new(self.evt.as_ref(), EventSet::IN)) {
+        if let Err(e) = ops.add(Events::new(self.stop.event(), EventSet::IN)) {
             eprintln!("mvm: cannot watch the VM's stop event: {e}");
         }
     }
@@ -57,6 +54,31 @@ impl MutEventSubscriber for StopWatcher {
 struct ConsoleInput {
     fd: RawFd,
     pending: Arc<Mutex<Vec<u8>>>,
+    /// The guest has left [`MAX_PENDING_INPUT`] untaken and input was
+    /// dropped (said once).
+    dropped: bool,
+}
+
+/// Console input the guest has not taken yet is kept up to this much; a
+/// guest that never reads its console cannot make the VMM buffer stdin
+/// without end. A console is for typing: the bound is never reached in use.
+const MAX_PENDING_INPUT: usize = 1 << 20;
+
+impl ConsoleInput {
+    fn queue(&mut self, data: &[u8]) {
+        let Ok(mut p) = self.pending.lock() else {
+            return;
+        };
+        let room = MAX_PENDING_INPUT.saturating_sub(p.len());
+        p.extend_from_slice(&data[..data.len().min(room)]);
+        if data.len() > room && !self.dropped {
+            self.dropped = true;
+            eprintln!(
+                "mvm: the guest is not reading its console: input beyond {} KiB is dropped",
+                MAX_PENDING_INPUT >> 10
+            );
+        }
+    }
 }
 
 impl MutEventSubscriber for ConsoleInput {
@@ -68,11 +90,7 @@ impl MutEventSubscriber for ConsoleInput {
             <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(self.fd)
         });
         match stdin.read(&mut buf) {
-            Ok(n) if n > 0 => {
-                if let Ok(mut p) = self.pending.lock() {
-                    p.extend_from_slice(&buf[..n]);
-                }
-            }
+            Ok(n) if n > 0 => self.queue(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             // EOF or a broken stdin: stop watching it, the guest keeps going.
             _ => {
@@ -98,9 +116,7 @@ impl MutEventSubscriber for ConsoleInput {
             .read_to_end(&mut data)
             .is_ok()
         {
-            if let Ok(mut p) = self.pending.lock() {
-                p.extend_from_slice(&data);
-            }
+            self.queue(&data);
         }
     }
 }
@@ -136,7 +152,7 @@ impl ConsoleFeed {
 
 pub struct EventLoop {
     manager: EventManager<Box<dyn MutEventSubscriber + Send>>,
-    stopped: Arc<AtomicBool>,
+    stop: StopHandle,
     input: Option<ConsoleFeed>,
 }
 
@@ -144,21 +160,20 @@ pub struct EventLoop {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Wait {
     Stopped,
-    TimedOut,
+    /// The deadline passed with the VM still running.
+    Deadline,
 }
 
 impl EventLoop {
-    /// `stopped` is set once the stop eventfd fires.
-    pub fn new(stop_evt: Arc<EventFd>, stopped: Arc<AtomicBool>) -> Result<Self, Error> {
+    /// The loop ends when `stop` fires.
+    pub fn new(stop: StopHandle) -> Result<Self, Error> {
         let mut manager = EventManager::new().map_err(Error::Create)?;
-        let watcher: Box<dyn MutEventSubscriber + Send> = Box::new(StopWatcher {
-            evt: stop_evt,
-            stopped: stopped.clone(),
-        });
+        let watcher: Box<dyn MutEventSubscriber + Send> =
+            Box::new(StopWatcher { stop: stop.clone() });
         manager.add_subscriber(watcher);
         Ok(Self {
             manager,
-            stopped,
+            stop,
             input: None,
         })
     }
@@ -175,6 +190,7 @@ impl EventLoop {
         let input: Box<dyn MutEventSubscriber + Send> = Box::new(ConsoleInput {
             fd: io::stdin().as_raw_fd(),
             pending: pending.clone(),
+            dropped: false,
         });
         self.manager.add_subscriber(input);
         self.input = Some(ConsoleFeed {
@@ -186,13 +202,13 @@ impl EventLoop {
 
     /// Runs until the VM stops or `deadline` passes.
     pub fn run_until_stopped(&mut self, deadline: Option<Instant>) -> Result<Wait, Error> {
-        while !self.stopped.load(Ordering::SeqCst) {
+        while !self.stop.is_stopped() {
             let input_waiting = self.input.as_ref().is_some_and(ConsoleFeed::waiting);
             let mut timeout = input_waiting.then_some(INPUT_RETRY);
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Ok(Wait::TimedOut);
+                    return Ok(Wait::Deadline);
                 }
                 timeout = Some(timeout.map_or(left, |t| t.min(left)));
             }
@@ -203,5 +219,32 @@ impl EventLoop {
             }
         }
         Ok(Wait::Stopped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_input_the_guest_does_not_take_is_bounded() {
+        let pending = Arc::new(Mutex::new(Vec::new()));
+        let mut input = ConsoleInput {
+            fd: -1,
+            pending: pending.clone(),
+            dropped: false,
+        };
+        for _ in 0..(4 * MAX_PENDING_INPUT / 256) {
+            input.queue(&[b'x'; 256]);
+        }
+        assert_eq!(pending.lock().unwrap().len(), MAX_PENDING_INPUT);
+        assert!(input.dropped);
+        pending.lock().unwrap().clear();
+        input.queue(b"typed");
+        assert_eq!(
+            &pending.lock().unwrap()[..],
+            b"typed",
+            "room again once taken"
+        );
     }
 }

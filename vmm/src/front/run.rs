@@ -1,22 +1,28 @@
 //! `mvm run`: a session directory, the shared directories' virtiofsd
-//! helpers, a VM with a vsock device whose host side lives there, the exec
-//! client talking to the guest agent, and the mapping of however it ended
-//! to one exit code.
+//! helpers, a machine with a vsock device whose host side lives there, the
+//! exec client talking to the guest agent, and the mapping of however it
+//! ended to one exit code.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use mvm_protocol::{ExecRequest, GUEST_CID};
+use clap::Args;
+use mvm_protocol::{boot::agent_param, ExecRequest, GUEST_CID};
 
-use crate::builder;
-use crate::cli::{outcome_failure, print_stats, setup_failure, vmm_failure, Failure, RunArgs};
+use super::{
+    beside_binary, confine_vmm, outcome_failure, print_stats, setup_failure, vmm_failure, Failure,
+    VmArgs, BASE_CMDLINE,
+};
 use crate::config::{FsShare, VmConfig, VsockConfig};
 use crate::console::{Capped, ConsoleOutput};
-use crate::runner::{self, Outcome, RunOptions};
-use crate::session::{self, signals, terminal, SessionDir, Teardown, VmHandle};
+use crate::exit_code;
+use crate::machine::{boot, Outcome};
+use crate::session::{self, signals, terminal, SessionDir};
 use crate::shares::{self, Share, WORKSPACE_GUEST_PATH};
+use crate::timeline::Timeline;
 use crate::virtiofsd::{self, Virtiofsd};
 
 /// The console log keeps this much of what the guest prints; a guest that
@@ -26,17 +32,88 @@ const CONSOLE_LOG_LIMIT: u64 = 4 << 20;
 /// Console lines shown when the guest crashed (unless --quiet).
 const CONSOLE_TAIL_LINES: usize = 20;
 
-pub(crate) fn run(
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Forward stdin to the command (otherwise it reads end-of-file)
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Run the command on a pseudo-terminal in the guest (with -i: an
+    /// interactive shell; the window size follows this terminal)
+    #[arg(short, long)]
+    pub tty: bool,
+    /// Set an environment variable for the command (repeatable)
+    #[arg(short, long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory of the command in the guest [default: /workspace,
+    /// or / with --no-workspace]
+    #[arg(short, long, value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Host directory shared with the guest at /workspace, read-only unless
+    /// --write [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Let the command write to the workspace (files it creates belong to
+    /// you); without it every write fails with "Read-only file system"
+    #[arg(long, conflicts_with = "no_workspace")]
+    pub write: bool,
+    /// Share no workspace at all
+    #[arg(long, conflicts_with = "workspace")]
+    pub no_workspace: bool,
+    /// Allow sharing / , your home directory ($HOME) or a directory above
+    /// it (refused otherwise: the guest would see your shell startup
+    /// files, keys and every project; with --write it could change them)
+    #[arg(long)]
+    pub allow_home_share: bool,
+    /// Also share host directory HOST at GUEST (an absolute guest path),
+    /// read-only unless ":rw" (repeatable)
+    #[arg(long = "mount", value_name = "HOST:GUEST[:ro|rw]")]
+    pub mounts: Vec<String>,
+    /// The virtio-fs backend [default: $MVM_VIRTIOFSD, else
+    /// ../libexec/mvm/virtiofsd next to the mvm binary, else virtiofsd in
+    /// PATH]
+    #[arg(long, value_name = "PATH")]
+    pub virtiofsd: Option<PathBuf>,
+    /// Run the command as root in the guest (default: your own uid and gid)
+    #[arg(long)]
+    pub root: bool,
+    /// Most processes the command's user may have in the guest
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_procs: u64,
+    /// Copy the guest console (kernel and init messages) to stderr
+    #[arg(long)]
+    pub console: bool,
+    /// Print no guest console lines when the guest crashes
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// `mvm run`: the VM options, the run options and the command.
+pub fn run(
+    vm: &VmArgs,
+    run: &RunArgs,
+    argv: Vec<String>,
+    started: Instant,
+) -> Result<i32, Failure> {
+    let cmdline = format!("{BASE_CMDLINE} quiet {} {}", agent_param(), vm.cmdline);
+    let config = vm.vm_config(cmdline)?;
+    let timeout = vm.timeout()?;
+    run_in_vm(config, run, argv, vm, started, timeout)
+}
+
+fn run_in_vm(
     mut config: VmConfig,
     args: &RunArgs,
     argv: Vec<String>,
-    opts: RunOptions,
-    want_stats: bool,
-    confinement: crate::confine::Options,
+    vm: &VmArgs,
+    started: Instant,
+    timeout: Option<Duration>,
 ) -> Result<i32, Failure> {
+    let mut front = Timeline::default();
+    front.mark("arguments parsed");
     let shares = plan_shares(args)?;
     let request = exec_request(args, argv, !args.no_workspace)?;
     preflight(&config)?;
+    front.mark("shares and kvm checked");
     let virtiofsd_binary = match shares.is_empty() {
         true => None,
         false => Some(find_virtiofsd(args)?),
@@ -57,6 +134,7 @@ pub(crate) fn run(
         backends.push(backend);
         config.shares.push(fs);
     }
+    front.mark("helpers started");
     let console: Box<dyn io::Write + Send> = if args.console {
         Box::new(io::stderr())
     } else {
@@ -68,8 +146,8 @@ pub(crate) fn run(
     };
     let console = ConsoleOutput::new(console);
     let oom_seen = console.oom_flag();
-    let vmm = match builder::build(&config, console) {
-        Ok(vmm) => vmm,
+    let mut machine = match boot::boot(&config, console) {
+        Ok(machine) => machine,
         // A backend that failed to start shows up as a broken connection;
         // its own words say why.
         Err(e) => {
@@ -81,41 +159,59 @@ pub(crate) fn run(
         }
     };
 
+    for backend in &mut backends {
+        if let Some(pump) = backend.take_log_pump() {
+            machine.add_subscriber(Box::new(pump));
+        }
+    }
+
     // Everything is open and virtiofsd started: confine before any other
-    // thread exists (they inherit it).
+    // thread exists (they inherit it). The vmm thread may kill only these
+    // helpers' groups.
+    crate::confine::seccomp::allow_killing_groups(
+        &backends
+            .iter()
+            .map(Virtiofsd::process_group)
+            .collect::<Vec<_>>(),
+    );
     let base_dir = dir.path().parent().unwrap_or(dir.path()).to_path_buf();
-    crate::cli::confine_vmm(
-        confinement,
+    confine_vmm(
+        vm.confinement(),
         Some(crate::confine::landlock::Writable {
             session_dir: dir.path(),
             base_dir: &base_dir,
         }),
     )?;
 
-    let teardown = Teardown::new(vmm.stop.evt.clone());
+    front.mark("vmm confined");
+    let stop = machine.stop_handle();
     let target: session::Target = Arc::new(Mutex::new(None));
-    signals::forward(teardown.clone(), target.clone())
+    signals::forward(stop.clone(), target.clone())
         .map_err(|e| setup_failure(format!("cannot install signal handlers: {e}")))?;
     let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
     let session = session::start(
         dir.vsock_path(),
         request,
         args.interactive,
-        VmHandle {
-            stopped: vmm.stop.stopped.clone(),
-            stop_evt: vmm.stop.evt.clone(),
-        },
+        stop.clone(),
         target,
     )
     .map_err(|e| setup_failure(format!("cannot start the session thread: {e}")))?;
 
-    let report = runner::run(vmm, opts.clone()).map_err(vmm_failure)?;
+    let deadline = timeout.map(|t| Instant::now() + t);
+    machine.start().map_err(vmm_failure)?;
+    let ended = machine.wait(deadline).map_err(vmm_failure)?;
+    if let Some(at) = session.command_started() {
+        front.mark_at("agent connected, command sent", at);
+    }
     let result = session.finish();
     drop(raw_mode);
     print_stats(
-        want_stats,
-        opts.started,
-        &report,
+        vm.print_stats,
+        started,
+        &front,
+        &machine,
+        &ended,
         result.as_ref().ok().map(|(_, at)| *at),
     );
 
@@ -125,70 +221,79 @@ pub(crate) fn run(
             config.mem_size >> 20
         );
     }
-    if let Ok((exit, _)) = &result {
-        return Ok(i32::from(exit.status));
-    }
-    if let Some(sig) = teardown.signal() {
-        return Err(Failure {
-            message: format!("stopped by signal {sig}; the VM was destroyed"),
-            code: 128 + sig,
-        });
-    }
-    let failure = match (report.outcome, result) {
-        (Outcome::TimedOut, _) => outcome_failure(Outcome::TimedOut, opts.timeout_secs()),
-        // The agent's channel broke but guest-init still reported on the
-        // status port (it reports every exit there too).
-        // guest-init's own failed start (a share it could not mount, say):
-        // its reason is on the console.
-        (Outcome::Exited(status), Err(_)) if status == crate::exit_code::SETUP_FAILED as u32 => {
-            Failure {
-                message: "guest-init could not start the command (see the guest console)".into(),
-                code: crate::exit_code::SETUP_FAILED,
-            }
-        }
-        (Outcome::Exited(status), _) if status <= 255 => return Ok(status as i32),
-        (Outcome::Stopped, Err(e)) => Failure {
-            message: format!("the guest stopped without reporting the command's exit status ({e})"),
-            code: crate::exit_code::GUEST_CRASHED,
-        },
-        (other, _) => outcome_failure(other, opts.timeout_secs()),
+    let failure = match conclude(ended.outcome, result, vm.timeout) {
+        Ok(status) => return Ok(status),
+        Err(failure) => failure,
     };
-    let console_explains = [
-        crate::exit_code::GUEST_CRASHED,
-        crate::exit_code::SETUP_FAILED,
-    ];
+    let console_explains = [exit_code::GUEST_CRASHED, exit_code::SETUP_FAILED];
     if !args.quiet && !args.console && console_explains.contains(&failure.code) {
         print_console_tail(&dir.console_path());
     }
     Err(failure)
 }
 
+/// The run's exit status from how the machine ended and what the exec
+/// session got: the command's own status when it arrived (whatever the
+/// machine did after), else the machine's outcome.
+fn conclude(
+    outcome: Outcome,
+    session: Result<session::Ended, session::client::Error>,
+    timeout: Option<f64>,
+) -> Result<i32, Failure> {
+    let lost = match session {
+        Ok((exit, _)) => return Ok(i32::from(exit.status)),
+        Err(lost) => lost,
+    };
+    Err(match outcome {
+        // guest-init's own failed start (a share it could not mount, say):
+        // its reason is on the console.
+        Outcome::Exited(status) if status == exit_code::SETUP_FAILED as u32 => Failure {
+            message: "guest-init could not start the command (see the guest console)".into(),
+            code: exit_code::SETUP_FAILED,
+        },
+        // The agent's channel broke but guest-init still reported on the
+        // status port (it reports every exit there too).
+        Outcome::Exited(status) if status <= 255 => return Ok(status as i32),
+        Outcome::Stopped => Failure {
+            message: format!(
+                "the guest stopped without reporting the command's exit status ({lost})"
+            ),
+            code: exit_code::GUEST_CRASHED,
+        },
+        other => outcome_failure(other, timeout),
+    })
+}
+
 /// KVM usable, kernel and initramfs readable: what would fail the build
 /// anyway, checked before any helper process or session directory exists.
 fn preflight(config: &VmConfig) -> Result<(), Failure> {
-    crate::vm::open_kvm().map_err(|e| Failure::from(builder::Error::Kvm(e)))?;
-    crate::kernel::check_readable(&config.kernel, config.initrd.as_deref())
-        .map_err(|e| Failure::from(builder::Error::Kernel(e)))
+    crate::machine::kvm::open_kvm().map_err(|e| Failure::from(crate::machine::Error::Kvm(e)))?;
+    crate::machine::kernel::check_readable(&config.kernel, config.initrd.as_deref())
+        .map_err(|e| Failure::from(crate::machine::Error::Kernel(e)))
 }
 
 fn plan_shares(args: &RunArgs) -> Result<Vec<Share>, Failure> {
-    let cwd;
     let workspace = match (&args.workspace, args.no_workspace) {
         (_, true) => None,
         (Some(dir), false) => Some(dir.as_path()),
         (None, false) => {
-            cwd = std::env::current_dir().map_err(|e| {
+            // The current directory itself ("."), opened without a lookup
+            // by name; its name is checked only to say what went wrong.
+            std::env::current_dir().map_err(|e| {
                 setup_failure(format!(
                     "cannot share the current directory as the workspace: {e} (use --workspace DIR or --no-workspace)"
                 ))
             })?;
-            Some(cwd.as_path())
+            Some(Path::new("."))
         }
     };
+    let home = shares::home_dir();
     shares::plan(&shares::Wanted {
         workspace,
         write: args.write,
         mounts: &args.mounts,
+        home: home.as_deref(),
+        allow_home: args.allow_home_share,
     })
     .map_err(setup_failure)
 }
@@ -203,14 +308,8 @@ fn find_virtiofsd(args: &RunArgs) -> Result<PathBuf, Failure> {
     {
         return Ok(path);
     }
-    let beside = crate::cli::beside_binary("libexec/mvm/virtiofsd");
-    let in_path = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("virtiofsd"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
+    let beside = beside_binary("libexec/mvm/virtiofsd");
+    let in_path = path_candidates(std::env::var_os("PATH").as_deref(), "virtiofsd");
     beside
         .into_iter()
         .chain(in_path)
@@ -221,6 +320,20 @@ fn find_virtiofsd(args: &RunArgs) -> Result<PathBuf, Failure> {
                 "cannot find virtiofsd, which shares the workspace: run 'make', install virtiofsd, pass --virtiofsd PATH, or use --no-workspace",
             )
         })
+}
+
+/// `name` in each absolute directory of a PATH value. Relative entries
+/// (`.`, an empty one, `bin`) are skipped: they name directories below the
+/// current one, i.e. usually the workspace, where an earlier `--write`
+/// run could have planted a `virtiofsd` of its own.
+fn path_candidates(path: Option<&std::ffi::OsStr>, name: &str) -> Vec<PathBuf> {
+    path.map(|p| {
+        std::env::split_paths(p)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join(name))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// virtiofsd for share `index`, serving as the command's user.
@@ -234,7 +347,7 @@ fn start_backend(
     let socket = dir.path().join(format!("fs{index}.sock"));
     let backend = virtiofsd::spawn(&virtiofsd::Request {
         binary,
-        shared_dir: &share.host,
+        shared_dir: &share.dir,
         read_only: share.read_only,
         socket: &socket,
         log: &dir.path().join(format!("fs{index}.log")),
@@ -326,6 +439,19 @@ fn print_console_tail(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_path_entries_are_not_searched_for_virtiofsd() {
+        let path = std::ffi::OsString::from("bin::.:/usr/local/bin:./tools:/usr/bin");
+        assert_eq!(
+            path_candidates(Some(&path), "virtiofsd"),
+            [
+                PathBuf::from("/usr/local/bin/virtiofsd"),
+                PathBuf::from("/usr/bin/virtiofsd")
+            ]
+        );
+        assert!(path_candidates(None, "virtiofsd").is_empty());
+    }
 
     #[test]
     fn a_root_caller_is_unprivileged_in_the_guest_unless_root_is_asked() {

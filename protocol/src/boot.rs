@@ -1,0 +1,218 @@
+//! The boot contract between the VMM and guest-init: what the VMM puts on
+//! the kernel command line and what guest-init reports back on mvm's
+//! status port. Both sides use these definitions and nothing else, so the
+//! contract cannot drift apart (docs/protocol.md, "Boot contract").
+//!
+//! Everything here is fixed at boot. What a run needs after a snapshot
+//! restore must not come this way (the command line is in the template);
+//! it travels over the exec channel instead.
+
+/// First I/O port of mvm's status port range.
+pub const STATUS_PORT: u16 = 0x440;
+/// Ports in the range (guest-init asks `ioperm` for all of them).
+pub const STATUS_PORT_LEN: u16 = 8;
+/// Offset of the byte-wide boot-progress marker register.
+pub const MARKER_OFFSET: u16 = 0;
+/// Offset of the 32-bit exit-status register: the guest command's status
+/// (0-255, or 128 + signal), written just before guest-init ends the VM.
+pub const EXIT_STATUS_OFFSET: u16 = 4;
+
+/// Marker written by guest-init as its first act in userspace; the VMM
+/// timestamps it ("boot to init").
+pub const MARKER_INIT_STARTED: u8 = 1;
+/// Marker written once guest-init is set up (its readiness line is on the
+/// console) and the command starts next; the VMM holds console input
+/// until it comes.
+pub const MARKER_INIT_READY: u8 = 2;
+
+// Both registers lie inside the range, and the markers differ.
+const _: () = assert!(MARKER_OFFSET < STATUS_PORT_LEN);
+const _: () = assert!(EXIT_STATUS_OFFSET + 4 <= STATUS_PORT_LEN);
+const _: () = assert!(MARKER_INIT_STARTED != MARKER_INIT_READY);
+
+/// `mvm.cmd=<hex>`: argv joined with NUL bytes, hex-encoded.
+pub const CMD_PARAM: &str = "mvm.cmd";
+/// `mvm.workdir=<hex>`: the command's working directory, hex-encoded.
+pub const WORKDIR_PARAM: &str = "mvm.workdir";
+/// `mvm.agent=1`: serve the exec channel over vsock instead of `mvm.cmd`.
+pub const AGENT_PARAM: &str = "mvm.agent";
+/// `mvm.mount=<tag>,<ro|rw>,<hex path>`: one per virtio-fs share, in mount
+/// order.
+pub const MOUNT_PARAM: &str = "mvm.mount";
+/// Longest virtio-fs tag: the device's config field is 36 bytes.
+pub const MAX_TAG_LEN: usize = 36;
+
+/// `mvm.agent=1`, as the VMM passes it.
+pub fn agent_param() -> String {
+    format!("{AGENT_PARAM}=1")
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HexError {
+    #[error("odd number of hex digits ({0})")]
+    OddLength(usize),
+    #[error("bad hex digit {digit:?} at offset {offset}")]
+    BadDigit { offset: usize, digit: char },
+}
+
+/// Lowercase hex: keeps arbitrary bytes (spaces, quotes, `=`) away from
+/// the kernel's own command-line parser.
+pub fn encode_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Decodes hex (either case accepted) into bytes.
+pub fn decode_hex(hex: &str) -> Result<Vec<u8>, HexError> {
+    let digits = hex.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return Err(HexError::OddLength(digits.len()));
+    }
+    let nibble = |offset: usize| {
+        let digit = char::from(digits[offset]);
+        digit
+            .to_digit(16)
+            .map(|v| v as u8)
+            .ok_or(HexError::BadDigit { offset, digit })
+    };
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| Ok((nibble(i)? << 4) | nibble(i + 1)?))
+        .collect()
+}
+
+/// What is wrong with one `mvm.mount` value.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MountProblem {
+    #[error("expected <tag>,<ro|rw>,<hex of the guest path>")]
+    Fields,
+    #[error("the tag must be 1 to {MAX_TAG_LEN} of A-Z a-z 0-9 _ -")]
+    Tag,
+    #[error("the mode must be ro or rw")]
+    Mode,
+    #[error("path: {0}")]
+    Hex(HexError),
+    #[error("the path must be absolute")]
+    NotAbsolute,
+    #[error("the path contains a NUL byte")]
+    Nul,
+    #[error("the path must not contain a .. component")]
+    DotDot,
+    #[error("the path must not be /")]
+    Root,
+}
+
+/// One virtio-fs share as `mvm.mount` carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountParam {
+    /// The virtio-fs device's tag: the mount source.
+    pub tag: String,
+    pub read_only: bool,
+    /// Absolute guest path, neither `/` nor with `..` components.
+    pub path: Vec<u8>,
+}
+
+impl MountParam {
+    /// The whole `mvm.mount=...` kernel parameter.
+    pub fn to_param(&self) -> String {
+        format!(
+            "{MOUNT_PARAM}={},{},{}",
+            self.tag,
+            if self.read_only { "ro" } else { "rw" },
+            encode_hex(&self.path)
+        )
+    }
+
+    /// Decodes one `mvm.mount` value (after the `=`), refusing anything
+    /// guest-init must not mount.
+    pub fn decode(value: &str) -> Result<Self, MountProblem> {
+        let fields: Vec<&str> = value.split(',').collect();
+        let [tag, mode, path] = fields[..] else {
+            return Err(MountProblem::Fields);
+        };
+        if !tag_is_valid(tag) {
+            return Err(MountProblem::Tag);
+        }
+        let read_only = match mode {
+            "ro" => true,
+            "rw" => false,
+            _ => return Err(MountProblem::Mode),
+        };
+        let path = decode_hex(path).map_err(MountProblem::Hex)?;
+        if path.first() != Some(&b'/') {
+            return Err(MountProblem::NotAbsolute);
+        }
+        if path.contains(&0) {
+            return Err(MountProblem::Nul);
+        }
+        let components: Vec<&[u8]> = path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+            .collect();
+        if components.iter().any(|c| *c == b"..") {
+            return Err(MountProblem::DotDot);
+        }
+        if components.is_empty() {
+            // `/`, and spellings of it such as `//` or `/.`.
+            return Err(MountProblem::Root);
+        }
+        Ok(Self {
+            tag: tag.to_string(),
+            read_only,
+            path,
+        })
+    }
+}
+
+/// 1 to [`MAX_TAG_LEN`] of A-Z a-z 0-9 _ -.
+pub fn tag_is_valid(tag: &str) -> bool {
+    (1..=MAX_TAG_LEN).contains(&tag.len())
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_every_byte() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(decode_hex(&encode_hex(&all)).unwrap(), all);
+        assert_eq!(decode_hex("6A6b").unwrap(), b"jk");
+        assert_eq!(decode_hex("6").unwrap_err(), HexError::OddLength(1));
+        assert_eq!(
+            decode_hex("6g").unwrap_err(),
+            HexError::BadDigit {
+                offset: 1,
+                digit: 'g'
+            }
+        );
+    }
+
+    #[test]
+    fn a_mount_param_the_vmm_writes_is_what_guest_init_reads() {
+        let share = MountParam {
+            tag: "mvm0".into(),
+            read_only: true,
+            path: b"/workspace dir/=x".to_vec(),
+        };
+        let param = share.to_param();
+        let value = param.strip_prefix("mvm.mount=").unwrap();
+        assert!(!value.contains(' '), "{value}");
+        assert_eq!(MountParam::decode(value).unwrap(), share);
+        let rw = MountParam {
+            read_only: false,
+            ..share
+        };
+        assert_eq!(
+            MountParam::decode(rw.to_param().strip_prefix("mvm.mount=").unwrap()).unwrap(),
+            rw
+        );
+    }
+
+    #[test]
+    fn the_agent_param_is_what_guest_init_looks_for() {
+        assert_eq!(agent_param(), "mvm.agent=1");
+    }
+}

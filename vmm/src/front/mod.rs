@@ -1,0 +1,22 @@
+//! The front ends: one module per subcommand (`run`, `boot`) over a
+//! [`Machine`](crate::machine::Machine), and what they share: the VM
+//! options every subcommand takes, the failure type and how each way a
+//! machine ends becomes one line on stderr and a documented exit code.
+//! `cli` parses and calls in here; nothing here reaches back up.
+
+pub mod boot;
+mod failure;
+pub mod run;
+mod stats;
+mod vm_args;
+
+pub use failure::Failure;
+pub use vm_args::VmArgs;
+
+pub(crate) use failure::{outcome_failure, setup_failure, vmm_failure};
+pub(crate) use stats::print_stats;
+pub(crate) use vm_args::{beside_binary, confine_vmm};
+
+/// Kernel parameters every mvm guest gets (devices add their own): a
+/// panic or oops resets the VM at once instead of hanging it.
+pub const BASE_CMDLINE: &str = "panic=-1 oops=panic nomodules";

@@ -1,0 +1,74 @@
+//! `--print-stats`: what the run cost, on stderr (docs/benchmarks.md).
+
+use std::time::Instant;
+
+use mvm_devices::legacy::{BOOT_MARKER_INIT_READY, BOOT_MARKER_INIT_STARTED};
+
+use crate::machine::{Ended, Machine};
+use crate::timeline::Timeline;
+
+/// `started`: when mvm started; `front`: the front end's own moments;
+/// `teardown_from`: when the command's exit status arrived (`mvm run`).
+pub(crate) fn print_stats(
+    wanted: bool,
+    started: Instant,
+    front: &Timeline,
+    machine: &Machine,
+    ended: &Ended,
+    teardown_from: Option<Instant>,
+) {
+    if !wanted {
+        return;
+    }
+    let mut timeline = front.clone();
+    timeline.extend(machine.timeline());
+    for (marker, name) in [
+        (
+            BOOT_MARKER_INIT_STARTED,
+            "guest-init started (its first marker)",
+        ),
+        (BOOT_MARKER_INIT_READY, "guest-init ready (shares mounted)"),
+    ] {
+        if let Some((_, at)) = ended.markers.iter().find(|(m, _)| *m == marker) {
+            timeline.mark_at(name, *at);
+        }
+    }
+    if let Some(at) = teardown_from {
+        timeline.mark_at("command's exit status received", at);
+    }
+    timeline.mark("teardown done");
+    for (ms, name) in timeline.since(started) {
+        eprintln!("mvm: phase: +{ms:.1} ms {name}");
+    }
+    let boot_to_init = ended
+        .markers
+        .iter()
+        .find(|(m, _)| *m == BOOT_MARKER_INIT_STARTED)
+        .map(|(_, at)| at.saturating_duration_since(started));
+    match boot_to_init {
+        Some(d) => eprintln!("mvm: boot to init: {:.1} ms", d.as_secs_f64() * 1e3),
+        None => eprintln!("mvm: boot to init: no boot marker from the guest"),
+    }
+    eprintln!("mvm: wall: {:.3} s", started.elapsed().as_secs_f64());
+    if let Some(usage) = self_usage() {
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        eprintln!(
+            "mvm: cpu: {:.3} s",
+            secs(usage.ru_utime) + secs(usage.ru_stime)
+        );
+        eprintln!("mvm: peak rss: {} KiB", usage.ru_maxrss);
+    }
+    if let Some(kib) = machine.guest_resident_kib() {
+        eprintln!("mvm: guest resident: {kib} KiB");
+    }
+    if let Some(at) = teardown_from {
+        eprintln!("mvm: teardown: {:.1} ms", at.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
+fn self_usage() -> Option<libc::rusage> {
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the valid out-pointer it is given.
+    (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0).then_some(usage)
+}

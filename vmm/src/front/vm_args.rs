@@ -1,0 +1,122 @@
+//! The VM options every subcommand takes, and what they turn into: the
+//! machine's configuration, the deadline, the confinement.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+
+use super::failure::{setup_failure, Failure};
+use crate::config::{self, VmConfig};
+use crate::confine;
+
+#[derive(Args, Debug)]
+pub struct VmArgs {
+    /// Guest kernel: ELF vmlinux or bzImage [default: $MVM_KERNEL, else
+    /// ../share/mvm/vmlinux next to the mvm binary]
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Guest initramfs (newc cpio) [default: $MVM_INITRD, else
+    /// ../share/mvm/initramfs.cpio next to the mvm binary]
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+    /// Extra kernel command line parameters, appended (later ones win)
+    #[arg(long, value_name = "ARGS", default_value = "")]
+    pub cmdline: String,
+    /// Number of vCPUs (1-32)
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub cpus: u32,
+    /// Guest memory, e.g. 256M or 2G (at least 64M)
+    #[arg(long, default_value = "512M", value_name = "SIZE")]
+    pub memory: String,
+    /// Destroy the VM after this many seconds (exit status 124)
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Print measurements on stderr at the end: boot to init (mvm start to
+    /// guest-init's boot marker), wall time, CPU time and peak RSS of the
+    /// mvm process (VMM threads and vCPUs together), guest RAM resident in
+    /// it, and for `run` the teardown time (docs/benchmarks.md)
+    #[arg(long)]
+    pub print_stats: bool,
+    /// Run the VMM without its per-thread system call filters (for
+    /// debugging only; prints a warning)
+    #[arg(long)]
+    pub no_seccomp: bool,
+    /// Run the VMM without Landlock, keeping your view of the host
+    /// filesystem (for host kernels without Landlock; prints a warning)
+    #[arg(long)]
+    pub no_landlock: bool,
+}
+
+impl VmArgs {
+    pub(crate) fn confinement(&self) -> confine::Options {
+        confine::Options {
+            seccomp: !self.no_seccomp,
+            landlock: !self.no_landlock,
+        }
+    }
+
+    /// The machine these options describe, with `cmdline` as its kernel
+    /// command line (devices add their own entries).
+    pub(crate) fn vm_config(&self, cmdline: String) -> Result<VmConfig, Failure> {
+        let mem_size = config::parse_size(&self.memory)
+            .and_then(config::check_memory)
+            .map_err(setup_failure)?;
+        let vcpus = config::check_cpus(self.cpus).map_err(setup_failure)?;
+        let kernel = self
+            .kernel
+            .clone()
+            .or_else(|| default_artifact("MVM_KERNEL", "vmlinux"))
+            .ok_or_else(|| setup_failure("cannot locate the guest kernel: pass --kernel PATH"))?;
+        let initrd = self
+            .initrd
+            .clone()
+            .or_else(|| default_artifact("MVM_INITRD", "initramfs.cpio"));
+        Ok(VmConfig {
+            kernel,
+            initrd,
+            cmdline,
+            vcpus,
+            mem_size,
+            vsock: None,
+            shares: Vec::new(),
+        })
+    }
+
+    pub(crate) fn timeout(&self) -> Result<Option<Duration>, Failure> {
+        match self.timeout {
+            None => Ok(None),
+            Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Duration::from_secs_f64(t))),
+            Some(t) => Err(setup_failure(format!(
+                "--timeout must be a positive number of seconds, not {t}"
+            ))),
+        }
+    }
+}
+
+/// Confines this process once the VM is built (docs/security.md); what
+/// the user switched off is said on stderr.
+pub(crate) fn confine_vmm(
+    opts: confine::Options,
+    writable: Option<confine::landlock::Writable>,
+) -> Result<(), Failure> {
+    for warning in opts.warnings() {
+        eprintln!("{warning}");
+    }
+    confine::process(opts, writable).map_err(setup_failure)
+}
+
+/// `<dir of the mvm binary>/../share/mvm/<name>`, the layout `make`
+/// produces and an install keeps.
+fn default_artifact(env: &str, name: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Some(PathBuf::from(p));
+    }
+    beside_binary(Path::new("share/mvm").join(name))
+}
+
+/// `<dir of the mvm binary>/../<relative>`.
+pub(crate) fn beside_binary(relative: impl AsRef<Path>) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.join(relative))
+}

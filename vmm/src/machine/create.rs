@@ -1,0 +1,108 @@
+//! What boot and restore share, in a fixed order: KVM and its
+//! capabilities, the VM with irqchip and PIT, guest memory, every device,
+//! and the vCPUs' fds (not yet configured: boot gives them their boot
+//! state, a restore its saved one).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use mvm_devices::legacy::GuestReport;
+use vm_memory::GuestMemoryMmap;
+
+use super::attach::{self, DeviceEnv};
+use super::event_loop::EventLoop;
+use super::registry::DeviceStates;
+use super::stop::{StopHandle, StopReason};
+use super::vcpu::{self, Vcpu};
+use super::{fs, kvm, memory, vsock, Error, Machine};
+use crate::config::VmConfig;
+use crate::console::ConsoleOutput;
+use crate::timeline::Timeline;
+
+/// A machine with all its devices (rebuilt from `saved` when given) and
+/// its vCPUs created but neither configured nor started. Guest RAM is
+/// `restored` (a snapshot's) or new.
+pub fn create(
+    config: &VmConfig,
+    console: ConsoleOutput,
+    saved: Option<&DeviceStates>,
+    restored: Option<GuestMemoryMmap>,
+) -> Result<(Machine, kvm_ioctls::Kvm), Error> {
+    let mut timeline = Timeline::default();
+    vcpu::install_kick_handler()?;
+    let kvm = kvm::open_kvm()?;
+    timeline.mark("kvm opened");
+    let vm = kvm::create_vm(&kvm)?;
+    let msr_index = Arc::new(kvm::msr_index(&kvm)?);
+    timeline.mark("vm created");
+
+    let mem = match restored {
+        Some(mem) => mem,
+        // A vhost-user backend maps guest memory itself, so it must be a
+        // file.
+        None if config.shares.is_empty() => {
+            memory::create(config.mem_size, memory::Backing::Private)?
+        }
+        None => memory::create(config.mem_size, memory::Backing::Shared)?,
+    };
+    kvm::register_memory(&vm, &mem)?;
+    timeline.mark("guest memory");
+
+    let stop = StopHandle::new().map_err(Error::StopEvent)?;
+    let report = GuestReport::default();
+    let panic_seen: Arc<AtomicBool> = console.panic_flag();
+    let mut env = DeviceEnv::new(&vm, &mem, saved);
+    let serial = attach::attach_serial(&mut env, console)?;
+    attach::attach_i8042(&mut env, &stop)?;
+    attach::attach_status_port(&mut env, report.clone())?;
+    if let Some(vsock) = &config.vsock {
+        vsock::attach_vsock(&mut env, vsock.cid, &vsock.uds_path)?;
+    }
+    for share in &config.shares {
+        let stop = stop.clone();
+        let on_hangup = Box::new(move |why: String| stop.stop(StopReason::Failed(why)));
+        fs::attach_fs(&mut env, share, on_hangup)?;
+    }
+    let DeviceEnv {
+        pio,
+        mmio,
+        cmdline_extra,
+        subscribers,
+        registry,
+        ..
+    } = env;
+    if let Some(saved) = saved {
+        registry
+            .check_same_set(saved)
+            .map_err(attach::Error::from)?;
+    }
+    timeline.mark("devices attached");
+
+    let mut event_loop = EventLoop::new(stop.clone())?;
+    for subscriber in subscribers {
+        event_loop.add_subscriber(subscriber);
+    }
+    let vcpus = (0..config.vcpus)
+        .map(|id| Vcpu::new(&vm, id, msr_index.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    timeline.mark("vcpus created");
+
+    let machine = Machine {
+        vm,
+        mem,
+        pio: Arc::new(pio),
+        mmio: Arc::new(mmio),
+        registry,
+        event_loop,
+        stop,
+        serial,
+        report,
+        panic_seen,
+        device_params: cmdline_extra,
+        cmdline: String::new(),
+        vcpus,
+        handles: Vec::new(),
+        timeline,
+    };
+    Ok((machine, kvm))
+}

@@ -1,0 +1,341 @@
+//! A machine: the VM fd, guest memory, the devices (on their buses and in
+//! the registry), the event loop, the vCPUs and the one stop handle.
+//!
+//! Its life: [`boot::boot`] (or, later, a restore) gives a machine ready
+//! to start; [`Machine::start`] runs the vCPUs; [`Machine::pause`] and
+//! [`Machine::resume`] hold and release them (devices can then be saved);
+//! [`Machine::wait`] serves devices until the machine stops or the
+//! deadline passes, ends and joins the vCPU threads, and decides the one
+//! [`Outcome`]. The machine is still there afterwards (its memory can be
+//! measured); dropping it ends anything still running.
+
+pub mod attach;
+pub mod boot;
+mod create;
+pub mod event_loop;
+pub mod fs;
+pub mod kernel;
+pub mod kvm;
+pub mod memory;
+pub mod outcome;
+pub mod registry;
+mod restore;
+pub mod snapshot;
+pub mod stop;
+pub mod vcpu;
+pub mod vsock;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvm_ioctls::VmFd;
+use mvm_devices::bus::Bus;
+use mvm_devices::legacy::GuestReport;
+use mvm_devices::state::SaveError;
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::arch::x86_64::layout::CMDLINE_MAX_SIZE;
+use crate::arch::x86_64::{boot_params, mptable};
+use crate::confine::{seccomp, ThreadKind};
+use crate::timeline::Timeline;
+use attach::SerialConsole;
+use event_loop::{EventLoop, Wait};
+use registry::{DeviceRegistry, DeviceStates};
+use snapshot::vm_state::VmState;
+use snapshot::MachineState;
+use vcpu::{StartGate, Vcpu, VcpuHandle};
+
+pub use outcome::Outcome;
+pub use stop::{StopHandle, StopReason};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kvm(#[from] kvm::Error),
+    #[error(transparent)]
+    Memory(#[from] memory::Error),
+    #[error(transparent)]
+    Devices(#[from] attach::Error),
+    #[error(transparent)]
+    Kernel(#[from] kernel::Error),
+    #[error("the kernel command line is too long ({len} bytes; the guest accepts {CMDLINE_MAX_SIZE}): shorten the command or its arguments")]
+    CmdlineTooLong { len: usize },
+    #[error("invalid kernel command line: {0}")]
+    Cmdline(linux_loader::cmdline::Error),
+    #[error("cannot write the kernel command line into guest memory: {0}")]
+    CmdlineWrite(linux_loader::loader::Error),
+    #[error(transparent)]
+    BootParams(#[from] boot_params::Error),
+    #[error(transparent)]
+    MpTable(#[from] mptable::Error),
+    #[error("KVM cannot report its supported CPUID: {0}")]
+    SupportedCpuid(kvm_ioctls::Error),
+    #[error(transparent)]
+    Vcpu(#[from] vcpu::Error),
+    #[error("cannot create the stop eventfd: {0}")]
+    StopEvent(std::io::Error),
+    #[error(transparent)]
+    EventLoop(#[from] event_loop::Error),
+    #[error("the machine was started already")]
+    AlreadyStarted,
+    #[error("devices can be saved only while every vCPU is paused")]
+    NotPaused,
+    #[error(transparent)]
+    Save(#[from] SaveError),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::Error),
+    #[error(transparent)]
+    VmState(#[from] snapshot::vm_state::Error),
+    #[error("cannot restore: {0}")]
+    Restore(String),
+}
+
+pub struct Machine {
+    /// The memory regions and irqfds belong to it; the in-kernel devices'
+    /// state is read and set through it.
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    registry: DeviceRegistry,
+    event_loop: EventLoop,
+    stop: StopHandle,
+    serial: SerialConsole,
+    report: GuestReport,
+    panic_seen: Arc<AtomicBool>,
+    /// The kernel parameters the devices asked for.
+    device_params: Vec<String>,
+    /// The whole command line the guest was booted with.
+    cmdline: String,
+    /// Created and configured, not started yet.
+    vcpus: Vec<Vcpu>,
+    handles: Vec<VcpuHandle>,
+    /// When each step of building and running it ended.
+    timeline: Timeline,
+}
+
+/// How a machine's run ended, and what the guest reported on the way.
+pub struct Ended {
+    pub outcome: Outcome,
+    /// guest-init's boot markers, with when each first arrived.
+    pub markers: Vec<(u8, Instant)>,
+    /// vCPU threads that did not leave within the grace period (stuck in
+    /// a device); they end with the process.
+    pub vcpus_left_behind: usize,
+}
+
+pub use restore::restore;
+
+/// A machine whose devices are rebuilt from `saved` instead of fresh, its
+/// vCPUs created but not configured: the half of a restore that boot
+/// shares (guest memory and vCPU, irqchip and clock state come with
+/// snapshots).
+pub fn with_saved_devices(
+    config: &crate::config::VmConfig,
+    console: crate::console::ConsoleOutput,
+    saved: &DeviceStates,
+) -> Result<Machine, Error> {
+    create::create(config, console, Some(saved), None).map(|(machine, _)| machine)
+}
+
+impl Machine {
+    /// Stops this machine from any thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// The kernel command line the guest was booted with.
+    pub fn cmdline(&self) -> &str {
+        &self.cmdline
+    }
+
+    /// When each step of building and running it ended.
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
+    }
+
+    /// Registry ids of the devices, in attach order.
+    pub fn device_ids(&self) -> Vec<&str> {
+        self.registry.ids()
+    }
+
+    /// Adds host-side work to the event loop (a helper's log pump, say).
+    pub fn add_subscriber(&mut self, subscriber: attach::Subscriber) {
+        self.event_loop.add_subscriber(subscriber);
+    }
+
+    /// Feeds this process's stdin to the guest console once guest-init is
+    /// ready (`mvm boot`).
+    pub fn forward_console_input(&mut self) {
+        self.event_loop
+            .forward_stdin(self.serial.clone(), self.report.clone());
+    }
+
+    /// Starts every vCPU thread, then confines the calling thread (it
+    /// serves the event loop from here on, and may no longer create
+    /// threads), then lets the vCPUs into the guest.
+    pub fn start(&mut self) -> Result<(), Error> {
+        if !self.handles.is_empty() || self.vcpus.is_empty() {
+            return Err(Error::AlreadyStarted);
+        }
+        let gate = Arc::new(StartGate::default());
+        for vcpu in self.vcpus.drain(..) {
+            let handle = vcpu.start(
+                self.pio.clone(),
+                self.mmio.clone(),
+                self.stop.clone(),
+                gate.clone(),
+            );
+            match handle {
+                Ok(handle) => self.handles.push(handle),
+                Err(e) => {
+                    // The threads already started leave without entering
+                    // the guest.
+                    gate.abort();
+                    return Err(e.into());
+                }
+            }
+        }
+        // This thread's filter (no thread creation in it) goes in once every
+        // vCPU thread exists and has its own; only then do the vCPUs enter
+        // the guest.
+        gate.wait_for(self.handles.len());
+        seccomp::install_or_exit(ThreadKind::Vmm);
+        gate.open();
+        self.timeline.mark("vcpus started");
+        Ok(())
+    }
+
+    /// Takes every vCPU out of the guest; returns once all are waiting.
+    pub fn pause(&self) -> Result<(), Error> {
+        for handle in &self.handles {
+            handle.pause()?;
+        }
+        Ok(())
+    }
+
+    pub fn resume(&self) {
+        for handle in &self.handles {
+            handle.resume();
+        }
+    }
+
+    /// Whether every vCPU is paused (a machine never started counts).
+    pub fn is_paused(&self) -> bool {
+        self.handles.iter().all(VcpuHandle::is_paused)
+    }
+
+    /// Every device's state; only while paused.
+    pub fn save_devices(&self) -> Result<DeviceStates, Error> {
+        if !self.is_paused() {
+            return Err(Error::NotPaused);
+        }
+        Ok(self.registry.save()?)
+    }
+
+    /// Saves the whole machine to a snapshot at `dir` (snapshot/mod.rs):
+    /// every vCPU (read by its own thread), the VM's in-kernel devices,
+    /// every device in the registry and guest RAM. Only while paused (or
+    /// before the start); the machine can resume afterwards.
+    pub fn snapshot(&self, dir: &Path) -> Result<(), Error> {
+        if !self.is_paused() {
+            return Err(Error::NotPaused);
+        }
+        let vcpus = if self.handles.is_empty() {
+            self.vcpus
+                .iter()
+                .map(Vcpu::save_state)
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            self.handles
+                .iter()
+                .map(VcpuHandle::save_state)
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let state = MachineState {
+            mem_size: self.mem.iter().map(|r| r.len()).sum(),
+            cmdline: self.cmdline.clone(),
+            vm: VmState::save(&self.vm)?,
+            vcpus,
+            devices: self.registry.save()?,
+            regions: snapshot::layout(&self.mem),
+        };
+        snapshot::write(dir, &state, &self.mem)?;
+        Ok(())
+    }
+
+    /// Serves the devices until the machine stops or `deadline` passes,
+    /// leaving the vCPUs as they are.
+    pub fn run_until(&mut self, deadline: Option<Instant>) -> Result<Wait, Error> {
+        Ok(self.event_loop.run_until_stopped(deadline)?)
+    }
+
+    /// Runs the machine to its end (a deadline that passes stops it with
+    /// [`StopReason::Timeout`]), ends the vCPU threads and says how it
+    /// ended.
+    pub fn wait(&mut self, deadline: Option<Instant>) -> Result<Ended, Error> {
+        if self.run_until(deadline)? == Wait::Deadline {
+            self.stop.stop(StopReason::Timeout);
+        }
+        self.timeline.mark("vm stopped");
+        let vcpus_left_behind = self.end_vcpus();
+        self.timeline.mark("vcpus joined");
+        if let Ok(mut serial) = self.serial.lock() {
+            // Console loss must not hide the command's status.
+            let _ = serial.writer_mut().drain();
+        }
+        let report = self.report.snapshot();
+        let outcome = Outcome::decide(
+            self.stop.reason(),
+            report.exit_status,
+            self.panic_seen.load(Ordering::SeqCst),
+        );
+        Ok(Ended {
+            outcome,
+            markers: report.markers,
+            vcpus_left_behind,
+        })
+    }
+
+    /// Ends and joins every vCPU thread; returns how many did not leave.
+    fn end_vcpus(&mut self) -> usize {
+        let mut left = 0;
+        for handle in &mut self.handles {
+            if !handle.stop_and_join() {
+                left += 1;
+            }
+        }
+        self.handles.clear();
+        left
+    }
+
+    /// Pages of guest memory resident in this process (mincore), in KiB:
+    /// the part of mvm's RSS that is the guest's, not the VMM's.
+    pub fn guest_resident_kib(&self) -> Option<u64> {
+        const PAGE: usize = 4096;
+        let mut total = 0u64;
+        for region in self.mem.iter() {
+            let len = region.len() as usize;
+            let mut vec = vec![0u8; len.div_ceil(PAGE)];
+            // SAFETY: the region is a live page-aligned mapping of `len`
+            // bytes owned by `self.mem`; `vec` has one byte per page, as
+            // mincore needs.
+            let rc = unsafe { libc::mincore(region.as_ptr().cast(), len, vec.as_mut_ptr()) };
+            if rc != 0 {
+                return None;
+            }
+            total += vec.iter().filter(|b| *b & 1 == 1).count() as u64 * (PAGE as u64 / 1024);
+        }
+        Some(total)
+    }
+}
+
+impl Drop for Machine {
+    /// A machine dropped while running (an error on the way, a test) takes
+    /// its vCPU threads with it rather than leaving them in the guest.
+    fn drop(&mut self) {
+        self.end_vcpus();
+    }
+}

@@ -1,0 +1,52 @@
+//! A machine rebuilt from a snapshot: the same devices from their saved
+//! states, guest RAM mapped privately from the memory file, the VM's
+//! in-kernel devices and every vCPU set to what was saved. It starts where
+//! the saved one was paused.
+
+use std::path::Path;
+
+use super::create::create;
+use super::snapshot::{self, Loaded};
+use super::{memory, Error, Machine};
+use crate::config::VmConfig;
+use crate::console::ConsoleOutput;
+
+/// `config` must describe the saved machine (memory size, vCPU count,
+/// devices: a vsock device of the same CID); only host resources (the
+/// vsock socket path, the console) may differ.
+pub fn restore(config: &VmConfig, console: ConsoleOutput, dir: &Path) -> Result<Machine, Error> {
+    if !config.shares.is_empty() {
+        // The memory of a restored machine is a private mapping, which a
+        // vhost-user backend cannot share, and a virtio-fs device's ring
+        // state lives in virtiofsd.
+        return Err(Error::Restore(
+            "a machine with shared directories cannot be restored yet".into(),
+        ));
+    }
+    let Loaded { state, memory } = snapshot::read(dir)?;
+    if state.mem_size != config.mem_size || state.vcpus.len() != usize::from(config.vcpus) {
+        return Err(Error::Restore(format!(
+            "the snapshot is of a machine with {} MiB and {} vCPUs, not {} MiB and {}",
+            state.mem_size >> 20,
+            state.vcpus.len(),
+            config.mem_size >> 20,
+            config.vcpus
+        )));
+    }
+    let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
+    let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem))?;
+    state.vm.restore(&machine.vm)?;
+    machine.timeline.mark("vm state restored");
+    for (vcpu, saved) in machine.vcpus.iter().zip(&state.vcpus) {
+        if saved.id != vcpu.id() {
+            return Err(Error::Restore(format!(
+                "the snapshot's vCPU {} is out of order",
+                saved.id
+            )));
+        }
+        vcpu.restore_state(saved)?;
+    }
+    machine.timeline.mark("vcpu state restored");
+    machine.cmdline = state.cmdline;
+    Ok(machine)
+}

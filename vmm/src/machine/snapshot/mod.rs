@@ -1,0 +1,291 @@
+//! A machine saved to a directory, and read back.
+//!
+//! A snapshot is three files in a directory of its own, owner-only:
+//!
+//! - `memory`: guest RAM, region after region (sparse: pages that are all
+//!   zeros are holes, so a freshly booted guest's file is small on disk);
+//! - `state.json`: the [`MachineState`] (vCPUs, the VM's in-kernel
+//!   devices, every device in the registry, the memory layout);
+//! - `manifest.json`: the format version, the mvm version, and the
+//!   SHA-256 of the other two.
+//!
+//! It is written under a temporary name and renamed into place, so a
+//! reader finds a whole snapshot or none. Reading checks the manifest
+//! first and refuses a snapshot of another format, or whose files do not
+//! match their checksums, with one line that says which.
+
+pub mod vcpu_state;
+pub mod vm_state;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use super::registry::DeviceStates;
+use vcpu_state::VcpuState;
+use vm_state::VmState;
+
+/// Bumped whenever what is saved, or how, changes: an older snapshot is
+/// then refused rather than misread.
+pub const FORMAT_VERSION: u32 = 1;
+
+const MANIFEST: &str = "manifest.json";
+const STATE: &str = "state.json";
+const MEMORY: &str = "memory";
+const PAGE: usize = 4096;
+/// Memory is copied out in pieces this large.
+const CHUNK: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot {what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{0} exists already: remove it first")]
+    Exists(PathBuf),
+    #[error("{path} is not a snapshot mvm can read: {why}")]
+    Invalid { path: PathBuf, why: String },
+    #[error("cannot read guest memory at {addr:#x}: {why}")]
+    Memory { addr: u64, why: String },
+}
+
+fn io_err<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> Error + 'p {
+    move |source| Error::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn invalid(path: &Path, why: impl Into<String>) -> Error {
+    Error::Invalid {
+        path: path.to_path_buf(),
+        why: why.into(),
+    }
+}
+
+/// One guest RAM region and where it lies in the memory file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionLayout {
+    pub guest_addr: u64,
+    pub len: u64,
+    pub file_offset: u64,
+}
+
+/// Everything but guest RAM.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MachineState {
+    pub mem_size: u64,
+    /// The command line the guest was booted with (for the record; a
+    /// restored guest does not read it again).
+    pub cmdline: String,
+    pub vm: VmState,
+    pub vcpus: Vec<VcpuState>,
+    pub devices: DeviceStates,
+    pub regions: Vec<RegionLayout>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Manifest {
+    format: u32,
+    mvm_version: String,
+    state_sha256: String,
+    memory_sha256: String,
+    memory_len: u64,
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `state` and `mem` as a snapshot at `dir`, which must not exist.
+pub fn write(dir: &Path, state: &MachineState, mem: &GuestMemoryMmap) -> Result<(), Error> {
+    if dir.exists() {
+        return Err(Error::Exists(dir.to_path_buf()));
+    }
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
+    let result = write_into(&tmp, state, mem)
+        .and_then(|()| fs::rename(&tmp, dir).map_err(io_err("rename the snapshot into", dir)));
+    if result.is_err() {
+        // Nothing half-written stays behind.
+        let _ = fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+fn write_into(tmp: &Path, state: &MachineState, mem: &GuestMemoryMmap) -> Result<(), Error> {
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(tmp)
+        .map_err(io_err("create", tmp))?;
+    let memory_path = tmp.join(MEMORY);
+    let (memory_sha256, memory_len) = write_memory(&memory_path, mem, &state.regions)?;
+    let state_json = serde_json::to_vec(state).map_err(|e| invalid(tmp, e.to_string()))?;
+    write_file(&tmp.join(STATE), &state_json)?;
+    let manifest = Manifest {
+        format: FORMAT_VERSION,
+        mvm_version: env!("CARGO_PKG_VERSION").to_string(),
+        state_sha256: hex(&Sha256::digest(&state_json)),
+        memory_sha256,
+        memory_len,
+    };
+    let manifest = serde_json::to_vec_pretty(&manifest).map_err(|e| invalid(tmp, e.to_string()))?;
+    write_file(&tmp.join(MANIFEST), &manifest)?;
+    Ok(())
+}
+
+fn create_private(path: &Path) -> Result<File, Error> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err("create", path))
+}
+
+fn write_file(path: &Path, data: &[u8]) -> Result<(), Error> {
+    let mut file = create_private(path)?;
+    file.write_all(data).map_err(io_err("write", path))?;
+    file.sync_all().map_err(io_err("sync", path))
+}
+
+/// The regions in order, zero pages as holes; returns the SHA-256 of the
+/// whole content and its length.
+fn write_memory(
+    path: &Path,
+    mem: &GuestMemoryMmap,
+    regions: &[RegionLayout],
+) -> Result<(String, u64), Error> {
+    let file = create_private(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut end = 0;
+    for region in regions {
+        let mut done = 0u64;
+        while done < region.len {
+            let n = CHUNK.min((region.len - done) as usize);
+            let addr = region.guest_addr + done;
+            mem.read_slice(&mut buf[..n], GuestAddress(addr))
+                .map_err(|e| Error::Memory {
+                    addr,
+                    why: e.to_string(),
+                })?;
+            hasher.update(&buf[..n]);
+            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    let at = region.file_offset + done + (i * PAGE) as u64;
+                    file.write_all_at(page, at).map_err(io_err("write", path))?;
+                }
+            }
+            done += n as u64;
+        }
+        end = end.max(region.file_offset + region.len);
+    }
+    file.set_len(end).map_err(io_err("size", path))?;
+    file.sync_all().map_err(io_err("sync", path))?;
+    Ok((hex(&hasher.finalize()), end))
+}
+
+/// The layout of `mem` in a memory file: its regions back to back.
+pub fn layout(mem: &GuestMemoryMmap) -> Vec<RegionLayout> {
+    let mut offset = 0;
+    mem.iter()
+        .map(|r| {
+            let layout = RegionLayout {
+                guest_addr: r.start_addr().0,
+                len: r.len(),
+                file_offset: offset,
+            };
+            offset += r.len();
+            layout
+        })
+        .collect()
+}
+
+/// A snapshot read back and checked: its state, and its memory file (open
+/// read-only, to be mapped privately).
+pub struct Loaded {
+    pub state: MachineState,
+    pub memory: File,
+}
+
+/// Reads the snapshot at `dir`, checking its format and both checksums.
+pub fn read(dir: &Path) -> Result<Loaded, Error> {
+    let manifest_path = dir.join(MANIFEST);
+    let manifest: Manifest =
+        serde_json::from_slice(&fs::read(&manifest_path).map_err(io_err("read", &manifest_path))?)
+            .map_err(|e| invalid(dir, format!("{MANIFEST}: {e}")))?;
+    if manifest.format != FORMAT_VERSION {
+        return Err(invalid(
+            dir,
+            format!(
+                "format {} (written by mvm {}), this mvm reads format {FORMAT_VERSION}",
+                manifest.format, manifest.mvm_version
+            ),
+        ));
+    }
+    let state_path = dir.join(STATE);
+    let state_json = fs::read(&state_path).map_err(io_err("read", &state_path))?;
+    if hex(&Sha256::digest(&state_json)) != manifest.state_sha256 {
+        return Err(invalid(dir, format!("{STATE} does not match its checksum")));
+    }
+    let state: MachineState =
+        serde_json::from_slice(&state_json).map_err(|e| invalid(dir, format!("{STATE}: {e}")))?;
+    let memory_path = dir.join(MEMORY);
+    let mut memory = File::open(&memory_path).map_err(io_err("open", &memory_path))?;
+    let len = memory
+        .metadata()
+        .map_err(io_err("read", &memory_path))?
+        .len();
+    if len != manifest.memory_len {
+        return Err(invalid(
+            dir,
+            format!(
+                "{MEMORY} is {len} bytes, {} were written",
+                manifest.memory_len
+            ),
+        ));
+    }
+    let covered = state
+        .regions
+        .iter()
+        .map(|r| r.file_offset.checked_add(r.len))
+        .try_fold(0u64, |end, r| r.map(|r| end.max(r)));
+    if covered != Some(len) {
+        return Err(invalid(
+            dir,
+            "the memory layout does not match the memory file",
+        ));
+    }
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = memory
+            .read(&mut buf)
+            .map_err(io_err("read", &memory_path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    if hex(&hasher.finalize()) != manifest.memory_sha256 {
+        return Err(invalid(
+            dir,
+            format!("{MEMORY} does not match its checksum"),
+        ));
+    }
+    Ok(Loaded { state, memory })
+}

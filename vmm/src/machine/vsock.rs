@@ -1,0 +1,40 @@
+//! The vsock device: guest CID `cid`, its host side the Unix socket at
+//! `uds_path` that host clients connect to (Firecracker's hybrid vsock,
+//! devices/src/virtio/vsock/mod.rs).
+
+use std::io;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+
+use mvm_devices::virtio::vsock;
+
+use super::attach::{attach_virtio, DeviceEnv, Error, Signaller, VirtioSpec};
+
+/// Registry id of the vsock device for guest CID `cid`.
+pub fn vsock_id(cid: u64) -> String {
+    format!("vsock-{cid}")
+}
+
+pub fn attach_vsock(env: &mut DeviceEnv, cid: u64, uds_path: &Path) -> Result<(), Error> {
+    let shown = uds_path.display().to_string();
+    let listener = UnixListener::bind(uds_path).map_err(|e| match e.kind() {
+        io::ErrorKind::AddrInUse => Error::VsockSocketExists(shown.clone()),
+        _ => Error::VsockSocket(shown.clone(), e),
+    })?;
+    // The socket file is ours from here; a VM that is not built leaves none.
+    let id = vsock_id(cid);
+    let spec = VirtioSpec {
+        id: &id,
+        what: "vsock",
+        queues: vsock::defs::QUEUE_COUNT,
+        signaller: Signaller::Device,
+    };
+    attach_virtio(env, spec, |wiring| {
+        let (device, handler) = vsock::new(cid, listener, wiring.queue_evts)?;
+        Ok((device, Box::new(handler)))
+    })
+    .map(|_| ())
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(uds_path);
+    })
+}
