@@ -3,13 +3,13 @@
 in tests/containment/) to a Markdown table, printed and written to OUTPUT
 with the environment it ran in and the date.
 
-    report.py ROWS.jsonl OUTPUT.md [RED.jsonl]
+    report.py ROWS.jsonl OUTPUT.md [RED.jsonl RED.txt]
 
 Every statement about the rows is made from the rows: where each check's
 evidence comes from and what its control is (each row says both), which
 checks rest on the guest's word, and, from RED.jsonl when given (rows of
 `make battery-red`: attacks with a protection removed), which checks went
-red without it. EXPECTED lists the check ids the battery must produce: one
+red without it, and for the reason RED.txt names. EXPECTED lists the check ids the battery must produce: one
 missing is reported and fails the report, as does a failed row, a row
 without a control, or a skipped row unless MVM_ALLOW_SKIPS=1.
 
@@ -181,6 +181,35 @@ def provenance(rows):
     return "\n".join(lines)
 
 
+def read_red_plan(path):
+    """[(flags, check id, reason)] from tests/containment/red.txt."""
+    plan = []
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line and not line.startswith("#"):
+                flags, _test, check, reason = line.split("|", 3)
+                plan.append((flags, check, reason))
+    return plan
+
+
+def red_problems(red_rows, plan):
+    """Each planned weakened run must have a row that failed, with its
+    reason among what failed."""
+    problems = []
+    for flags, check, reason in plan:
+        row = next((r for r in red_rows if r.get("id") == check
+                    and r.get("weakened") == flags), None)
+        failed = (row or {}).get("observed", "").split(". FAILED: ", 1)
+        if row is None:
+            problems.append(f"no row for check {check} weakened with `{flags}`")
+        elif row.get("pass"):
+            problems.append(f"check {check} stayed green with `{flags}`")
+        elif len(failed) < 2 or reason not in failed[1]:
+            problems.append(f"check {check} with `{flags}` went red, but not for '{reason}'")
+    return problems
+
+
 def red_section(red_rows):
     out = ["## Controls that go red", ""]
     if not red_rows:
@@ -225,12 +254,13 @@ def read_rows(path):
 
 
 def main(argv):
-    if len(argv) not in (3, 4):
+    if len(argv) not in (3, 5):
         print(__doc__, file=sys.stderr)
         return 2
     rows_path, out_path = argv[1], argv[2]
     rows = sorted(read_rows(rows_path), key=sort_key)
-    red_rows = read_rows(argv[3]) if len(argv) == 4 else []
+    red_rows = read_rows(argv[3]) if len(argv) == 5 else []
+    red_plan = read_red_plan(argv[4]) if len(argv) == 5 else []
     allow_skips = os.environ.get("MVM_ALLOW_SKIPS") == "1"
 
     seen = [r.get("id") for r in rows]
@@ -257,6 +287,7 @@ def main(argv):
         problems.append(f"skipped without MVM_ALLOW_SKIPS=1: {ids(skipped)}")
     if stayed_green:
         problems.append(f"stayed green with a protection removed: {ids(stayed_green)}")
+    problems += red_problems(red_rows, red_plan)
 
     summary = (
         f"{len(rows)} of {len(EXPECTED)} expected checks reported, "
