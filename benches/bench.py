@@ -77,7 +77,7 @@ METRICS = [
 NOT_APPLICABLE = {
     ("bwrap", "boot"): "no guest kernel or init to boot",
     ("bwrap", "teardown"): "no guest, so the command's exit is not visible apart from bwrap's own",
-    ("bwrap", "overhead"): "no guest RAM to subtract (its whole footprint is the peak RSS row)",
+    ("bwrap", "overhead"): "no guest RAM to subtract (its whole footprint is the process-tree row)",
     ("bwrap", "guest"): "no guest",
 }
 
