@@ -24,8 +24,8 @@ const MARKER_POLL: Duration = Duration::from_millis(5);
 
 #[derive(Args, Debug)]
 pub struct SnapshotArgs {
-    /// Save the machine to DIR (which must not exist) as soon as guest-init
-    /// reports ready, then end it (exit 0)
+    /// Save the machine to DIR (which must not exist; its parent must) as
+    /// soon as guest-init reports ready, then end it (exit 0)
     #[arg(long, value_name = "DIR", conflicts_with = "restore")]
     pub snapshot_at_ready: Option<PathBuf>,
     /// Start from the snapshot in DIR instead of booting (same --memory and
@@ -38,14 +38,12 @@ pub struct SnapshotArgs {
 pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32, Failure> {
     let config = args.vm_config(format!("{BASE_CMDLINE} {}", args.cmdline))?;
     let timeout = args.timeout()?;
-    if snap.snapshot_at_ready.is_some() && !(args.no_seccomp && args.no_landlock) {
-        // Saving reads every vCPU's state (ioctls the vCPU filter does not
-        // allow) and writes files (Landlock allows none): refused up front
-        // rather than dying of SIGSYS halfway.
-        return Err(setup_failure(
-            "--snapshot-at-ready needs --no-seccomp --no-landlock for now: the VMM's confinement does not yet allow reading vCPU state or writing a snapshot (docs/snapshots.md)",
-        ));
-    }
+    // Where a snapshot goes: its parent must exist (Landlock lets the VMM
+    // write below it and nowhere else), the snapshot itself must not.
+    let snapshot_parent = match &snap.snapshot_at_ready {
+        None => None,
+        Some(dir) => Some(snapshot_parent(dir)?),
+    };
     let console = ConsoleOutput::new(Box::new(std::io::stdout()));
     let mut front = Timeline::default();
     front.mark("arguments parsed");
@@ -53,7 +51,16 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
         Some(dir) => machine::restore(&config, console, dir)?,
         None => boot::boot(&config, console)?,
     };
-    confine_vmm(args.confinement(), None)?;
+    if snapshot_parent.is_some() {
+        crate::confine::seccomp::allow_snapshots();
+    }
+    confine_vmm(
+        args.confinement(),
+        Some(crate::confine::landlock::Writable {
+            session: None,
+            snapshot_parent: snapshot_parent.as_deref(),
+        }),
+    )?;
     front.mark("vmm confined");
     machine.forward_console_input();
     let deadline = timeout.map(|t| Instant::now() + t);
@@ -67,6 +74,28 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
         Outcome::Exited(_) | Outcome::Stopped => Ok(0),
         other => Err(outcome_failure(other, args.timeout)),
     }
+}
+
+/// The directory a snapshot at `dir` is written in, checked before the VM
+/// is built.
+fn snapshot_parent(dir: &Path) -> Result<PathBuf, Failure> {
+    if dir.exists() {
+        return Err(setup_failure(format!(
+            "--snapshot-at-ready {}: it exists already; remove it or choose another path",
+            dir.display()
+        )));
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    parent.canonicalize().map_err(|e| {
+        setup_failure(format!(
+            "--snapshot-at-ready {}: cannot use its directory {}: {e}",
+            dir.display(),
+            parent.display()
+        ))
+    })
 }
 
 /// Runs until guest-init is ready, pauses, saves, ends the machine.

@@ -178,8 +178,8 @@ fn run_in_vm(
     confine_vmm(
         vm.confinement(),
         Some(crate::confine::landlock::Writable {
-            session_dir: dir.path(),
-            base_dir: &base_dir,
+            session: Some((dir.path(), &base_dir)),
+            snapshot_parent: None,
         }),
     )?;
 
