@@ -40,17 +40,12 @@ pub fn vcpu_ioctls() -> Vec<u64> {
         KVM_GET_XSAVE(),
         KVM_GET_XCRS(),
     ]
-    .into_iter()
-    .map(u64::from)
-    .collect()
+    .to_vec()
 }
 
 /// The VM's PIT, clock and interrupt controllers (vm_state.rs).
 pub fn vm_ioctls() -> Vec<u64> {
-    [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()]
-        .into_iter()
-        .map(u64::from)
-        .collect()
+    [KVM_GET_IRQCHIP(), KVM_GET_CLOCK(), KVM_GET_PIT2()].to_vec()
 }
 
 /// Writing the snapshot directory: making it, its files, their data
