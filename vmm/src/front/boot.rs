@@ -11,8 +11,8 @@ use clap::Args;
 use mvm_devices::legacy::BOOT_MARKER_INIT_READY;
 
 use super::{
-    confine_vmm, outcome_failure, print_stats, setup_failure, vmm_failure, Failure, VmArgs,
-    BASE_CMDLINE,
+    confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure,
+    Failure, VmArgs, BASE_CMDLINE,
 };
 use crate::console::ConsoleOutput;
 use crate::machine::{self, boot, Machine, Outcome, StopReason};
@@ -44,6 +44,8 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
         None => None,
         Some(dir) => Some(snapshot_parent(dir)?),
     };
+    crate::machine::kvm::open_kvm().map_err(|e| Failure::from(machine::Error::Kvm(e)))?;
+    refuse_software_kvm()?;
     let console = ConsoleOutput::new(Box::new(std::io::stdout()));
     let mut front = Timeline::default();
     front.mark("arguments parsed");
