@@ -32,6 +32,8 @@ pub enum Command {
     Boot {
         #[command(flatten)]
         vm: VmArgs,
+        #[command(flatten)]
+        snapshot: front::boot::SnapshotArgs,
     },
     /// Run CMD in a fresh microVM and exit with its status. Its stdout and
     /// stderr come back separately; the guest console goes to a log in the
@@ -49,7 +51,7 @@ pub enum Command {
 
 fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
     match cli.command {
-        Command::Boot { vm } => front::boot::boot(&vm, started),
+        Command::Boot { vm, snapshot } => front::boot::boot(&vm, &snapshot, started),
         Command::Run { vm, run, argv } => front::run::run(&vm, &run, argv, started),
     }
 }
@@ -114,7 +116,7 @@ mod tests {
     #[test]
     fn bad_sizes_and_counts_are_setup_failures() {
         let cli = parse(&["boot", "--memory", "16M"]).unwrap();
-        let Command::Boot { vm } = cli.command else {
+        let Command::Boot { vm, .. } = cli.command else {
             panic!()
         };
         let f = vm.vm_config(String::new()).err().unwrap();
@@ -122,7 +124,7 @@ mod tests {
         assert!(f.message.contains("too small"), "{}", f.message);
 
         let cli = parse(&["boot", "--cpus", "0"]).unwrap();
-        let Command::Boot { vm } = cli.command else {
+        let Command::Boot { vm, .. } = cli.command else {
             panic!()
         };
         assert!(vm.vm_config(String::new()).is_err());
@@ -131,12 +133,12 @@ mod tests {
     #[test]
     fn timeout_must_be_positive() {
         let cli = parse(&["boot", "--timeout=-1"]).unwrap();
-        let Command::Boot { vm } = cli.command else {
+        let Command::Boot { vm, .. } = cli.command else {
             panic!()
         };
         assert!(vm.timeout().is_err());
         let cli = parse(&["boot", "--timeout", "2.5"]).unwrap();
-        let Command::Boot { vm } = cli.command else {
+        let Command::Boot { vm, .. } = cli.command else {
             panic!()
         };
         assert_eq!(

@@ -481,7 +481,9 @@ fn a_damaged_or_foreign_snapshot_is_refused_with_its_reason() {
 
     let manifest = snap.join("manifest.json");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(&manifest, text.replace("\"format\": 1", "\"format\": 99")).unwrap();
+    let format = format!("\"format\": {}", machine::snapshot::FORMAT_VERSION);
+    assert!(text.contains(&format), "{text}");
+    std::fs::write(&manifest, text.replace(&format, "\"format\": 99")).unwrap();
     let e = restore_err(&cfg);
     assert!(e.contains("format 99"), "{e}");
 }

@@ -15,6 +15,7 @@
 pub mod caps;
 pub mod landlock;
 pub mod seccomp;
+mod snapshot_calls;
 
 use std::io;
 

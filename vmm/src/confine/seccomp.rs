@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use super::snapshot_calls;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -72,6 +73,14 @@ pub fn set_enabled(on: bool) {
 /// the only `kill` it is allowed, `kill(-group, SIGKILL)`. Set before the
 /// filters are built (before confinement).
 static HELPER_GROUPS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+/// This run saves a snapshot: the vcpu and vmm filters get the calls that
+/// takes (`snapshot_calls.rs`). Set before confinement.
+static SNAPSHOTS: AtomicBool = AtomicBool::new(false);
+
+pub fn allow_snapshots() {
+    SNAPSHOTS.store(true, Ordering::SeqCst);
+}
 
 pub fn allow_killing_groups(groups: &[libc::pid_t]) {
     if let Ok(mut g) = HELPER_GROUPS.lock() {
@@ -178,12 +187,25 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
     }
     rules.insert(libc::SYS_mmap, vec![no_exec(2).map_err(build)?]);
     rules.insert(libc::SYS_mprotect, vec![no_exec(2).map_err(build)?]);
-    let ioctls = match kind {
+    let mut ioctls = match kind {
         ThreadKind::Vmm => VMM_IOCTLS,
         ThreadKind::Vcpu => VCPU_IOCTLS,
         ThreadKind::Session | ThreadKind::Signals => TERMINAL_IOCTLS,
-    };
-    rules.insert(libc::SYS_ioctl, arg_is_one_of(1, ioctls).map_err(build)?);
+    }
+    .to_vec();
+    if SNAPSHOTS.load(Ordering::SeqCst) {
+        match kind {
+            ThreadKind::Vcpu => ioctls.extend(snapshot_calls::vcpu_ioctls()),
+            ThreadKind::Vmm => {
+                ioctls.extend(snapshot_calls::vm_ioctls());
+                for &nr in snapshot_calls::FILE_CALLS {
+                    rules.insert(nr, Vec::new());
+                }
+            }
+            ThreadKind::Session | ThreadKind::Signals => {}
+        }
+    }
+    rules.insert(libc::SYS_ioctl, arg_is_one_of(1, &ioctls).map_err(build)?);
     if kind == ThreadKind::Vmm {
         // Kicking a vCPU thread out of KVM_RUN (pause, stop): only this
         // process's threads, only with the kick signal.

@@ -1,31 +1,150 @@
 //! `mvm boot`: the console is the interface (stdout, and stdin once
-//! guest-init is ready); the run ends when the guest powers off.
+//! guest-init is ready); the run ends when the guest powers off. It can
+//! also save the machine as soon as guest-init is ready
+//! (`--snapshot-at-ready`), and start from such a snapshot instead of
+//! booting (`--restore`): docs/snapshots.md.
 
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use mvm_devices::legacy::BOOT_MARKER_INIT_READY;
 
 use super::{
-    confine_vmm, outcome_failure, print_stats, vmm_failure, Failure, VmArgs, BASE_CMDLINE,
+    confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure,
+    Failure, VmArgs, BASE_CMDLINE,
 };
 use crate::console::ConsoleOutput;
-use crate::machine::{boot, Outcome};
+use crate::machine::{self, boot, Machine, Outcome, StopReason};
 use crate::timeline::Timeline;
 
-pub fn boot(args: &VmArgs, started: Instant) -> Result<i32, Failure> {
+/// How often the loop looks for guest-init's ready marker while it waits
+/// to take a snapshot.
+const MARKER_POLL: Duration = Duration::from_millis(5);
+
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    /// Save the machine to DIR (which must not exist; its parent must) as
+    /// soon as guest-init reports ready, then end it (exit 0)
+    #[arg(long, value_name = "DIR", conflicts_with = "restore")]
+    pub snapshot_at_ready: Option<PathBuf>,
+    /// Start from the snapshot in DIR instead of booting (same --memory and
+    /// --cpus as when it was taken; --kernel, --initrd and --cmdline are
+    /// not used)
+    #[arg(long, value_name = "DIR")]
+    pub restore: Option<PathBuf>,
+}
+
+pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32, Failure> {
     let config = args.vm_config(format!("{BASE_CMDLINE} {}", args.cmdline))?;
     let timeout = args.timeout()?;
+    // Where a snapshot goes: its parent must exist (Landlock lets the VMM
+    // write below it and nowhere else), the snapshot itself must not.
+    let snapshot_parent = match &snap.snapshot_at_ready {
+        None => None,
+        Some(dir) => Some(snapshot_parent(dir)?),
+    };
+    crate::machine::kvm::open_kvm().map_err(|e| Failure::from(machine::Error::Kvm(e)))?;
+    refuse_software_kvm()?;
     let console = ConsoleOutput::new(Box::new(std::io::stdout()));
     let mut front = Timeline::default();
     front.mark("arguments parsed");
-    let mut machine = boot::boot(&config, console)?;
-    confine_vmm(args.confinement(), None)?;
+    let mut machine = match &snap.restore {
+        Some(dir) => machine::restore(&config, console, dir)?,
+        None => boot::boot(&config, console)?,
+    };
+    if snapshot_parent.is_some() {
+        crate::confine::seccomp::allow_snapshots();
+    }
+    confine_vmm(
+        args.confinement(),
+        Some(crate::confine::landlock::Writable {
+            session: None,
+            snapshot_parent: snapshot_parent.as_deref(),
+        }),
+    )?;
     front.mark("vmm confined");
     machine.forward_console_input();
     let deadline = timeout.map(|t| Instant::now() + t);
     machine.start().map_err(vmm_failure)?;
+    if let Some(dir) = &snap.snapshot_at_ready {
+        return snapshot_at_ready(machine, dir, deadline, args.timeout, &front, started);
+    }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
     print_stats(args.print_stats, started, &front, &machine, &ended, None);
     match ended.outcome {
         Outcome::Exited(_) | Outcome::Stopped => Ok(0),
         other => Err(outcome_failure(other, args.timeout)),
     }
+}
+
+/// The directory a snapshot at `dir` is written in, checked before the VM
+/// is built.
+fn snapshot_parent(dir: &Path) -> Result<PathBuf, Failure> {
+    if dir.exists() {
+        return Err(setup_failure(format!(
+            "--snapshot-at-ready {}: it exists already; remove it or choose another path",
+            dir.display()
+        )));
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    parent.canonicalize().map_err(|e| {
+        setup_failure(format!(
+            "--snapshot-at-ready {}: cannot use its directory {}: {e}",
+            dir.display(),
+            parent.display()
+        ))
+    })
+}
+
+/// Runs until guest-init is ready, pauses, saves, ends the machine.
+fn snapshot_at_ready(
+    mut machine: Machine,
+    dir: &Path,
+    deadline: Option<Instant>,
+    timeout: Option<f64>,
+    front: &Timeline,
+    started: Instant,
+) -> Result<i32, Failure> {
+    let stopped = loop {
+        if machine.has_marker(BOOT_MARKER_INIT_READY) {
+            break false;
+        }
+        let step = Instant::now() + MARKER_POLL;
+        let until = deadline.map_or(step, |d| d.min(step));
+        if machine.run_until(Some(until)).map_err(vmm_failure)?
+            == machine::event_loop::Wait::Stopped
+        {
+            break true;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            machine.stop_handle().stop(StopReason::Timeout);
+        }
+    };
+    if stopped {
+        let ended = machine.wait(None).map_err(vmm_failure)?;
+        return Err(match ended.outcome {
+            Outcome::TimedOut => outcome_failure(Outcome::TimedOut, timeout),
+            _ => setup_failure("the guest stopped before guest-init was ready: no snapshot taken"),
+        });
+    }
+    machine.pause().map_err(vmm_failure)?;
+    let at = Instant::now();
+    machine
+        .snapshot(dir)
+        .map_err(|e| setup_failure(format!("cannot take the snapshot: {e}")))?;
+    let took = at.elapsed();
+    machine.stop_handle().stop(StopReason::Host);
+    machine.resume();
+    let _ = machine.wait(None);
+    let _ = (front, started);
+    eprintln!(
+        "mvm: snapshot of the ready guest written to {} in {:.1} ms",
+        dir.display(),
+        took.as_secs_f64() * 1e3
+    );
+    Ok(0)
 }

@@ -13,8 +13,8 @@ use clap::Args;
 use mvm_protocol::{boot::agent_param, ExecRequest, GUEST_CID};
 
 use super::{
-    beside_binary, confine_vmm, outcome_failure, print_stats, setup_failure, vmm_failure, Failure,
-    VmArgs, BASE_CMDLINE,
+    beside_binary, confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure,
+    vmm_failure, Failure, VmArgs, BASE_CMDLINE,
 };
 use crate::config::{FsShare, VmConfig, VsockConfig};
 use crate::console::{Capped, ConsoleOutput};
@@ -178,8 +178,8 @@ fn run_in_vm(
     confine_vmm(
         vm.confinement(),
         Some(crate::confine::landlock::Writable {
-            session_dir: dir.path(),
-            base_dir: &base_dir,
+            session: Some((dir.path(), &base_dir)),
+            snapshot_parent: None,
         }),
     )?;
 
@@ -269,7 +269,8 @@ fn conclude(
 fn preflight(config: &VmConfig) -> Result<(), Failure> {
     crate::machine::kvm::open_kvm().map_err(|e| Failure::from(crate::machine::Error::Kvm(e)))?;
     crate::machine::kernel::check_readable(&config.kernel, config.initrd.as_deref())
-        .map_err(|e| Failure::from(crate::machine::Error::Kernel(e)))
+        .map_err(|e| Failure::from(crate::machine::Error::Kernel(e)))?;
+    refuse_software_kvm()
 }
 
 fn plan_shares(args: &RunArgs) -> Result<Vec<Share>, Failure> {

@@ -94,6 +94,31 @@ impl VmArgs {
     }
 }
 
+/// Refuses a `/dev/kvm` that cannot boot a standard Linux guest: one
+/// provided by PVM (the `kvm_pvm` module, with neither `kvm_intel` nor
+/// `kvm_amd`), which emulates guest kernel code instruction by instruction
+/// and fails on instructions its emulator lacks (`xrstor`, TLB flushes):
+/// a run would crawl for seconds and end in "KVM internal error".
+/// `MVM_ALLOW_SOFTWARE_KVM=1` runs anyway (the hand-written test guests
+/// run fine there); `MVM_SYS_MODULE` points at another `/sys/module` (for
+/// the tests of this check).
+pub(crate) fn refuse_software_kvm() -> Result<(), Failure> {
+    if std::env::var_os("MVM_ALLOW_SOFTWARE_KVM").is_some_and(|v| v == "1") {
+        return Ok(());
+    }
+    let modules = std::env::var_os("MVM_SYS_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/sys/module"));
+    let loaded = |m: &str| modules.join(m).exists();
+    if loaded("kvm_pvm") && !loaded("kvm_intel") && !loaded("kvm_amd") {
+        return Err(Failure {
+            message: "this host's /dev/kvm is PVM-backed (kvm_pvm, no kvm_intel or kvm_amd) and cannot boot a Linux guest: run on hardware virtualization, or through tests/testhost/mvm, which runs mvm inside an emulated AMD SVM machine".into(),
+            code: crate::exit_code::KVM_UNAVAILABLE,
+        });
+    }
+    Ok(())
+}
+
 /// Confines this process once the VM is built (docs/security.md); what
 /// the user switched off is said on stderr.
 pub(crate) fn confine_vmm(

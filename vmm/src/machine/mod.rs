@@ -156,6 +156,11 @@ impl Machine {
         &self.timeline
     }
 
+    /// Whether guest-init has written `marker` to the status port yet.
+    pub fn has_marker(&self, marker: u8) -> bool {
+        self.report.has_marker(marker)
+    }
+
     /// Registry ids of the devices, in attach order.
     pub fn device_ids(&self) -> Vec<&str> {
         self.registry.ids()

@@ -18,7 +18,8 @@ pub mod vcpu_state;
 pub mod vm_state;
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -32,7 +33,7 @@ use vm_state::VmState;
 
 /// Bumped whenever what is saved, or how, changes: an older snapshot is
 /// then refused rather than misread.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 const MANIFEST: &str = "manifest.json";
 const STATE: &str = "state.json";
@@ -183,10 +184,10 @@ fn write_memory(
                     addr,
                     why: e.to_string(),
                 })?;
-            hasher.update(&buf[..n]);
             for (i, page) in buf[..n].chunks(PAGE).enumerate() {
                 if page.iter().any(|&b| b != 0) {
                     let at = region.file_offset + done + (i * PAGE) as u64;
+                    hash_page(&mut hasher, at, page);
                     file.write_all_at(page, at).map_err(io_err("write", path))?;
                 }
             }
@@ -197,6 +198,56 @@ fn write_memory(
     file.set_len(end).map_err(io_err("size", path))?;
     file.sync_all().map_err(io_err("sync", path))?;
     Ok((hex(&hasher.finalize()), end))
+}
+
+/// The memory checksum covers each page that is not all zeros, with its
+/// offset: a hole and a page of zeros are the same memory, and the reader
+/// then needs to read only the file's data (SEEK_DATA), not the holes of
+/// a mostly untouched guest.
+fn hash_page(hasher: &mut Sha256, offset: u64, page: &[u8]) {
+    hasher.update(offset.to_le_bytes());
+    hasher.update(page);
+}
+
+/// [`hash_page`] over every non-zero page of the file's data extents.
+fn hash_data_pages(file: &File, len: u64) -> io::Result<Sha256> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    while at < len {
+        let Some(data) = seek(file, at, libc::SEEK_DATA)? else {
+            break; // only a hole is left
+        };
+        let hole = seek(file, data, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        let mut pos = data;
+        while pos < hole {
+            let n = CHUNK.min((hole - pos) as usize);
+            file.read_exact_at(&mut buf[..n], pos)?;
+            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    hash_page(&mut hasher, pos + (i * PAGE) as u64, page);
+                }
+            }
+            pos += n as u64;
+        }
+        at = hole;
+    }
+    Ok(hasher)
+}
+
+/// lseek with SEEK_DATA or SEEK_HOLE; None where no data follows (ENXIO).
+fn seek(file: &File, from: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+    // SAFETY: lseek on an fd this File owns; it only moves the offset.
+    let at = unsafe { libc::lseek(file.as_raw_fd(), from as libc::off_t, whence) };
+    if at >= 0 {
+        return Ok(Some(at as u64));
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENXIO) {
+        Ok(None)
+    } else {
+        Err(e)
+    }
 }
 
 /// The layout of `mem` in a memory file: its regions back to back.
@@ -245,7 +296,7 @@ pub fn read(dir: &Path) -> Result<Loaded, Error> {
     let state: MachineState =
         serde_json::from_slice(&state_json).map_err(|e| invalid(dir, format!("{STATE}: {e}")))?;
     let memory_path = dir.join(MEMORY);
-    let mut memory = File::open(&memory_path).map_err(io_err("open", &memory_path))?;
+    let memory = File::open(&memory_path).map_err(io_err("open", &memory_path))?;
     let len = memory
         .metadata()
         .map_err(io_err("read", &memory_path))?
@@ -270,17 +321,7 @@ pub fn read(dir: &Path) -> Result<Loaded, Error> {
             "the memory layout does not match the memory file",
         ));
     }
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = memory
-            .read(&mut buf)
-            .map_err(io_err("read", &memory_path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
+    let hasher = hash_data_pages(&memory, len).map_err(io_err("read", &memory_path))?;
     if hex(&hasher.finalize()) != manifest.memory_sha256 {
         return Err(invalid(
             dir,

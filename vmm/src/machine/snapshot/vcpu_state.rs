@@ -89,7 +89,7 @@ impl VcpuState {
         fd.set_cpuid2(&cpuid).map_err(set("CPUID"))?;
         fd.set_mp_state(self.mp_state).map_err(set("MP state"))?;
         fd.set_regs(&self.regs).map_err(set("registers"))?;
-        fd.set_sregs(&self.sregs)
+        fd.set_sregs(&self.sregs_to_set())
             .map_err(set("special registers"))?;
         // SAFETY: the area comes from KVM_GET_XSAVE on a vCPU of the same
         // CPUID (the snapshot's, set just above), which is the size and
@@ -116,6 +116,31 @@ impl VcpuState {
         Ok(())
     }
 }
+
+impl VcpuState {
+    /// The special registers as they are set back. On AMD, KVM reports the
+    /// task register's type as busy (11) whatever the CPU holds (SVM keeps
+    /// no busy bit); set back as is, QEMU's emulated SVM (the test host)
+    /// then refuses every I/O permission check against that TSS, which
+    /// only accepts an available one (9), and the guest's first `out` from
+    /// user mode faults. A guest's TR as AMD hardware runs it carries no
+    /// busy bit, so on AMD it is restored as available; Intel's VM entry
+    /// requires the busy type and keeps it.
+    fn sregs_to_set(&self) -> kvm_sregs {
+        let mut sregs = self.sregs;
+        let amd = self.cpuid.iter().any(|e| {
+            e.function == 0 && (e.ebx, e.edx, e.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+        });
+        if amd && sregs.tr.type_ == TSS_BUSY {
+            sregs.tr.type_ = TSS_AVAILABLE;
+        }
+        sregs
+    }
+}
+
+/// 64-bit TSS descriptor types.
+const TSS_AVAILABLE: u8 = 9;
+const TSS_BUSY: u8 = 11;
 
 /// `KVM_GET_MSRS` stops at the first MSR it cannot read and says how many
 /// it did: those are kept, the failing one skipped, and the rest tried
