@@ -528,14 +528,7 @@ mod tests {
 
     #[test]
     fn a_running_transport_saves_and_restores_with_the_device_ring_positions() {
-        let mut s = setup();
-        negotiate(&mut s.t);
-        setup_queues(&mut s.t);
-        w(
-            &mut s.t,
-            STATUS,
-            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
-        );
+        let mut s = running();
         s.interrupt.signal_used_queue().unwrap();
         w(&mut s.t, QUEUE_SEL, 1);
         let saved = s.t.save().unwrap();
@@ -577,14 +570,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_that_does_not_fit_is_refused() {
-        let mut s = setup();
-        negotiate(&mut s.t);
-        setup_queues(&mut s.t);
-        w(
-            &mut s.t,
-            STATUS,
-            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
-        );
+        let s = running();
         let good = s.t.save().unwrap();
 
         let mut other_type = good.clone();
@@ -643,6 +629,20 @@ mod tests {
 
     fn setup() -> Setup {
         setup_with(MmioTransport::new).unwrap()
+    }
+
+    /// A transport whose driver has negotiated, set up both queues and
+    /// set DRIVER_OK.
+    fn running() -> Setup {
+        let mut s = setup();
+        negotiate(&mut s.t);
+        setup_queues(&mut s.t);
+        w(
+            &mut s.t,
+            STATUS,
+            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+        );
+        s
     }
 
     fn r(t: &mut MmioTransport<Dummy>, offset: u64) -> u32 {
@@ -803,14 +803,7 @@ mod tests {
 
     #[test]
     fn writing_zero_to_status_resets_everything() {
-        let mut s = setup();
-        negotiate(&mut s.t);
-        setup_queues(&mut s.t);
-        w(
-            &mut s.t,
-            STATUS,
-            ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
-        );
+        let mut s = running();
         s.interrupt.signal_used_queue().unwrap();
         // Clearing bits without a reset is ignored.
         w(&mut s.t, STATUS, 1);
