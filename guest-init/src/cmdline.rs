@@ -15,8 +15,8 @@ use std::ffi::{CStr, CString};
 
 use mvm_protocol::boot::MountParam;
 pub use mvm_protocol::boot::{
-    decode_hex, HexError, MountProblem, AGENT_PARAM, CMD_PARAM, MAX_TAG_LEN, MOUNT_PARAM,
-    WORKDIR_PARAM,
+    decode_hex, HexError, MountProblem, RootParam, RootProblem, AGENT_PARAM, CMD_PARAM,
+    MAX_TAG_LEN, MOUNT_PARAM, ROOT_PARAM, WORKDIR_PARAM,
 };
 
 /// Run when the VMM passes no command: an interactive shell on the console.
@@ -42,6 +42,8 @@ pub enum ParseError {
         value: String,
         problem: MountProblem,
     },
+    #[error("{ROOT_PARAM}={value}: {problem}")]
+    Root { value: String, problem: RootProblem },
 }
 
 /// One virtio-fs share to mount, from `mvm.mount`.
@@ -103,6 +105,15 @@ pub fn shares(cmdline: &str) -> Result<Vec<Share>, ParseError> {
         .into_iter()
         .map(|value| decode_share(&value).map_err(|problem| ParseError::Mount { value, problem }))
         .collect()
+}
+
+/// The image root, if the VMM attached one (`mvm.root`; the last wins).
+pub fn root(cmdline: &str) -> Result<Option<RootParam>, ParseError> {
+    param(cmdline, ROOT_PARAM)
+        .map(|value| {
+            RootParam::decode(&value).map_err(|problem| ParseError::Root { value, problem })
+        })
+        .transpose()
 }
 
 /// Decodes one `mvm.mount` value: `<tag>,<ro|rw>,<hex of the path>`
@@ -421,6 +432,24 @@ mod tests {
                 "{path:?}"
             );
         }
+    }
+
+    #[test]
+    fn root_absent_present_and_bad() {
+        assert_eq!(root("console=ttyS0 mvm.agent=1"), Ok(None));
+        assert_eq!(
+            root("quiet mvm.root=vda,erofs,1048576 mvm.agent=1"),
+            Ok(Some(RootParam {
+                scratch_bytes: 1 << 20
+            }))
+        );
+        assert!(matches!(
+            root("mvm.root=vda,squashfs,1"),
+            Err(ParseError::Root {
+                problem: RootProblem::Fstype,
+                ..
+            })
+        ));
     }
 
     #[test]

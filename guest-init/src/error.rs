@@ -35,6 +35,13 @@ pub enum Error {
         path: String,
         source: io::Error,
     },
+    #[error("switch to the image root: {what}: {source}")]
+    SwitchRoot {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("bring up the loopback interface: {0}")]
+    Loopback(#[source] io::Error),
     #[error("open /dev/console: {0}")]
     Console(#[source] io::Error),
     #[error("read /proc/cmdline: {0}")]

@@ -6,7 +6,10 @@ use std::io;
 
 use crate::error::Error;
 use crate::vmm_port::Ports;
-use crate::{agent, cmdline, console, mounts, power, reap, say, shares, shutdown, spawn, status};
+use crate::{
+    agent, cmdline, console, loopback, mounts, power, reap, rootfs, say, shares, shutdown, spawn,
+    status,
+};
 
 /// Runs the whole guest lifetime and ends it with a reboot.
 pub fn run() -> ! {
@@ -39,10 +42,18 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     console?;
     dev?;
     mounts::mount_others()?;
-    // Before the shares, which may lie inside it: /root keeps its mode.
-    mounts::ensure_dir(c"/root", 0o700)?;
     let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
     let line = String::from_utf8_lossy(&line);
+    if let Some(root) = cmdline::root(&line)? {
+        rootfs::enter(&root)?;
+    }
+    // Before the shares, which may lie inside it: /root keeps its mode.
+    mounts::ensure_dir(c"/root", 0o700)?;
+    // A kernel of the user's without IPv4 has no lo to bring up; the
+    // command then simply has no loopback network.
+    if let Err(e) = loopback::up() {
+        say!("warning: {e}");
+    }
     // Before readiness, the agent and the command, which may use them.
     shares::mount_all(&cmdline::shares(&line)?)?;
     say!("ready (kernel {})", kernel_release());

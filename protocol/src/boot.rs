@@ -41,6 +41,16 @@ pub const AGENT_PARAM: &str = "mvm.agent";
 pub const MOUNT_PARAM: &str = "mvm.mount";
 /// Longest virtio-fs tag: the device's config field is 36 bytes.
 pub const MAX_TAG_LEN: usize = 36;
+/// `mvm.root=<device>,erofs,<scratch bytes>`: the guest's root is the
+/// read-only EROFS filesystem on block device `/dev/<device>`, under an
+/// overlayfs whose upper layer is a tmpfs of at most `<scratch bytes>`
+/// (docs/images.md). Absent: the initramfs is the root.
+pub const ROOT_PARAM: &str = "mvm.root";
+/// The block device the VMM attaches the image root as: the first (and
+/// only) virtio-blk device.
+pub const ROOT_DEVICE: &str = "vda";
+/// The block device's id (GET_ID: /sys/block/vda/serial in the guest).
+pub const ROOT_DISK_ID: &str = "mvm-root";
 
 /// `mvm.agent=1`, as the VMM passes it.
 pub fn agent_param() -> String {
@@ -163,6 +173,51 @@ impl MountParam {
     }
 }
 
+/// The image root as `mvm.root` carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootParam {
+    /// Most bytes the command may write anywhere in the root (the
+    /// overlay's tmpfs upper layer; it counts against guest memory).
+    pub scratch_bytes: u64,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RootProblem {
+    #[error("expected <device>,erofs,<scratch bytes>")]
+    Fields,
+    #[error("the device must be {ROOT_DEVICE}")]
+    Device,
+    #[error("the filesystem must be erofs")]
+    Fstype,
+    #[error("the scratch size must be a number of bytes above 0")]
+    Scratch,
+}
+
+impl RootParam {
+    /// The whole `mvm.root=...` kernel parameter.
+    pub fn to_param(&self) -> String {
+        format!("{ROOT_PARAM}={ROOT_DEVICE},erofs,{}", self.scratch_bytes)
+    }
+
+    /// Decodes one `mvm.root` value (after the `=`).
+    pub fn decode(value: &str) -> Result<Self, RootProblem> {
+        let fields: Vec<&str> = value.split(',').collect();
+        let [device, fstype, scratch] = fields[..] else {
+            return Err(RootProblem::Fields);
+        };
+        if device != ROOT_DEVICE {
+            return Err(RootProblem::Device);
+        }
+        if fstype != "erofs" {
+            return Err(RootProblem::Fstype);
+        }
+        match scratch.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Self { scratch_bytes: n }),
+            _ => Err(RootProblem::Scratch),
+        }
+    }
+}
+
 /// 1 to [`MAX_TAG_LEN`] of A-Z a-z 0-9 _ -.
 pub fn tag_is_valid(tag: &str) -> bool {
     (1..=MAX_TAG_LEN).contains(&tag.len())
@@ -209,6 +264,22 @@ mod tests {
             MountParam::decode(rw.to_param().strip_prefix("mvm.mount=").unwrap()).unwrap(),
             rw
         );
+    }
+
+    #[test]
+    fn a_root_param_the_vmm_writes_is_what_guest_init_reads() {
+        let root = RootParam {
+            scratch_bytes: 256 << 20,
+        };
+        let param = root.to_param();
+        assert_eq!(param, "mvm.root=vda,erofs,268435456");
+        let value = param.strip_prefix("mvm.root=").unwrap();
+        assert_eq!(RootParam::decode(value), Ok(root));
+        assert_eq!(RootParam::decode("vdb,erofs,1"), Err(RootProblem::Device));
+        assert_eq!(RootParam::decode("vda,ext4,1"), Err(RootProblem::Fstype));
+        assert_eq!(RootParam::decode("vda,erofs,0"), Err(RootProblem::Scratch));
+        assert_eq!(RootParam::decode("vda,erofs,-1"), Err(RootProblem::Scratch));
+        assert_eq!(RootParam::decode("vda,erofs"), Err(RootProblem::Fields));
     }
 
     #[test]

@@ -98,6 +98,12 @@ pub struct ExecRequest {
     pub cols: u16,
     /// `RLIMIT_NPROC` for the command's user; 0 = no limit.
     pub max_procs: u64,
+    /// With an image root: the login name `uid` gets in the root's
+    /// /etc/passwd (and /etc/group for `gid`) when the image has no entry
+    /// for it, with a home directory /home/NAME it owns. Ignored on the
+    /// initramfs root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_name: Option<String>,
 }
 
 impl ExecRequest {
@@ -114,6 +120,7 @@ impl ExecRequest {
             rows: 0,
             cols: 0,
             max_procs: 0,
+            user_name: None,
         }
     }
 }
@@ -319,6 +326,7 @@ mod tests {
             rows: 0,
             cols: 0,
             max_procs: 0,
+            user_name: None,
         };
         assert_eq!(
             text(Message::Exec(exec)),

@@ -21,6 +21,7 @@ fn every_message() -> Vec<Message> {
             rows: 50,
             cols: 132,
             max_procs: 4096,
+            user_name: None,
         }),
         Message::Stdin(b"line\n\0\xff".to_vec()),
         Message::Stdin(Vec::new()),

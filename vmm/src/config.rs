@@ -32,6 +32,17 @@ pub struct VmConfig {
     pub vsock: Option<VsockConfig>,
     /// Host directories the guest mounts through virtio-fs, in mount order.
     pub shares: Vec<FsShare>,
+    /// The image root: a read-only virtio-blk disk; None keeps the
+    /// initramfs as the root.
+    pub root_disk: Option<RootDisk>,
+}
+
+/// A read-only EROFS image the guest mounts as the lower layer of its
+/// root (docs/images.md), with `scratch_bytes` of tmpfs above it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootDisk {
+    pub path: PathBuf,
+    pub scratch_bytes: u64,
 }
 
 /// One virtio-fs device: its backend (virtiofsd, started by the caller)

@@ -49,6 +49,7 @@ fn config(kernel: &vmm_sys_util::tempfile::TempFile, vcpus: u8) -> VmConfig {
         mem_size: 64 << 20,
         vsock: None,
         shares: Vec::new(),
+        root_disk: None,
     }
 }
 

@@ -59,6 +59,7 @@ impl From<QueueSnapshot> for QueueState {
 pub enum VirtioDeviceSnapshot {
     Vsock { cid: u64 },
     Fs { tag: String },
+    Block { id: String, sectors: u64 },
 }
 
 impl VirtioDeviceSnapshot {
@@ -66,6 +67,7 @@ impl VirtioDeviceSnapshot {
         match self {
             Self::Vsock { .. } => "vsock device",
             Self::Fs { .. } => "virtio-fs device",
+            Self::Block { .. } => "virtio-blk device",
         }
     }
 }

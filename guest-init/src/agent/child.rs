@@ -380,6 +380,7 @@ mod tests {
             rows: 0,
             cols: 0,
             max_procs: 64,
+            user_name: None,
         })
         .unwrap()
     }

@@ -7,6 +7,7 @@
 //! of their own are unit-tested in their modules, and `tests/relay.rs` runs
 //! the spawn and relay against real processes on the host.
 
+mod account;
 pub mod child;
 pub mod drain;
 pub mod fd;
@@ -80,10 +81,22 @@ fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
         say!("exec agent: {message}");
         finish::fail(conn, message, INIT_FAILURE as u8)
     };
-    let prepared = match request::prepare(request) {
+    let mut prepared = match request::prepare(request) {
         Ok(prepared) => prepared,
         Err(err) => return fail(conn, format!("bad exec request: {err}")),
     };
+    // An image root: the uid gets a passwd entry and a home of its own.
+    if let (Some(name), true) = (&request.user_name, request.uid != 0) {
+        match account::ensure(name, request.uid, request.gid) {
+            Ok(home) => prepared.set_home(home),
+            Err(err) => {
+                return fail(
+                    conn,
+                    format!("cannot add user {name} to /etc/passwd: {err}"),
+                )
+            }
+        }
+    }
     if prepared.tty {
         // A failure shows up as the pty failing to open, with its reason.
         let _ = pty::ensure_ptmx();

@@ -45,6 +45,18 @@ pub struct Prepared {
     pub max_procs: u64,
 }
 
+impl Prepared {
+    /// Another home (the user's passwd entry's), in HOME too.
+    pub fn set_home(&mut self, home: CString) {
+        for (name, value) in &mut self.env {
+            if name.as_c_str() == c"HOME" && value.as_c_str() == self.home.as_c_str() {
+                *value = home.clone();
+            }
+        }
+        self.home = home;
+    }
+}
+
 pub fn prepare(req: &ExecRequest) -> Result<Prepared, RequestError> {
     if req.argv.first().is_none_or(|a| a.is_empty()) {
         return Err(RequestError::EmptyArgv);

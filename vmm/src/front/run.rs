@@ -16,7 +16,7 @@ use super::{
     beside_binary, confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure,
     vmm_failure, Failure, VmArgs, BASE_CMDLINE,
 };
-use crate::config::{FsShare, VmConfig, VsockConfig};
+use crate::config::{FsShare, RootDisk, VmConfig, VsockConfig};
 use crate::console::{Capped, ConsoleOutput};
 use crate::exit_code;
 use crate::machine::{boot, Outcome};
@@ -85,6 +85,15 @@ pub struct RunArgs {
     /// Print no guest console lines when the guest crashes
     #[arg(short, long)]
     pub quiet: bool,
+    /// Boot with this EROFS image (a file) as the guest's read-only root,
+    /// under a writable overlay that is gone when the VM ends
+    /// (docs/images.md)
+    #[arg(long, value_name = "FILE")]
+    pub rootfs: Option<PathBuf>,
+    /// Most bytes the command may write to the image root (kept in guest
+    /// memory, gone when the VM ends) [default: half of --memory]
+    #[arg(long, value_name = "SIZE", requires = "rootfs")]
+    pub scratch: Option<String>,
 }
 
 /// `mvm run`: the VM options, the run options and the command.
@@ -95,7 +104,8 @@ pub fn run(
     started: Instant,
 ) -> Result<i32, Failure> {
     let cmdline = format!("{BASE_CMDLINE} quiet {} {}", agent_param(), vm.cmdline);
-    let config = vm.vm_config(cmdline)?;
+    let mut config = vm.vm_config(cmdline)?;
+    config.root_disk = root_disk(run, config.mem_size)?;
     let timeout = vm.timeout()?;
     run_in_vm(config, run, argv, vm, started, timeout)
 }
@@ -111,7 +121,7 @@ fn run_in_vm(
     let mut front = Timeline::default();
     front.mark("arguments parsed");
     let shares = plan_shares(args)?;
-    let request = exec_request(args, argv, !args.no_workspace)?;
+    let request = exec_request(args, argv, !args.no_workspace, config.root_disk.is_some())?;
     preflight(&config)?;
     front.mark("shares and kvm checked");
     let virtiofsd_binary = match shares.is_empty() {
@@ -369,10 +379,56 @@ fn start_backend(
     ))
 }
 
+/// The image root the options ask for, its file checked readable before
+/// anything is started.
+fn root_disk(args: &RunArgs, mem_size: u64) -> Result<Option<RootDisk>, Failure> {
+    let Some(path) = &args.rootfs else {
+        return Ok(None);
+    };
+    File::open(path).map_err(|e| {
+        setup_failure(format!(
+            "cannot read the root image {}: {e} (pass an EROFS image file to --rootfs)",
+            path.display()
+        ))
+    })?;
+    let scratch_bytes = match &args.scratch {
+        None => mem_size / 2,
+        Some(text) => match crate::config::parse_size(text) {
+            Ok(n) if n >= crate::config::MIB => n,
+            _ => {
+                return Err(setup_failure(format!(
+                    "--scratch '{text}' is not a size of at least 1M (e.g. 512M or 2G)"
+                )))
+            }
+        },
+    };
+    Ok(Some(RootDisk {
+        path: path.clone(),
+        scratch_bytes,
+    }))
+}
+
+/// The caller's login name for the guest's /etc/passwd: $USER or
+/// $LOGNAME when it is a portable user name, else "user".
+fn login_name() -> String {
+    let portable = |name: &str| {
+        (1..=32).contains(&name.len())
+            && name.bytes().enumerate().all(|(i, b)| {
+                b.is_ascii_lowercase() || b == b'_' || (i > 0 && (b.is_ascii_digit() || b == b'-'))
+            })
+    };
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|n| portable(n) && n != "root")
+        .unwrap_or_else(|| "user".into())
+}
+
 fn exec_request(
     args: &RunArgs,
     argv: Vec<String>,
     workspace: bool,
+    image_root: bool,
 ) -> Result<ExecRequest, Failure> {
     let mut env = Vec::with_capacity(args.env.len());
     for item in &args.env {
@@ -404,6 +460,7 @@ fn exec_request(
         rows,
         cols,
         max_procs: args.max_procs,
+        user_name: (image_root && uid != 0).then(login_name),
     })
 }
 

@@ -80,6 +80,7 @@ impl VmArgs {
             mem_size,
             vsock: None,
             shares: Vec::new(),
+            root_disk: None,
         })
     }
 

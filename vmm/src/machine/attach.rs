@@ -53,6 +53,8 @@ pub enum Error {
         tag: String,
         source: mvm_devices::virtio::fs::Error,
     },
+    #[error("the root image {0}: {1}")]
+    RootDisk(String, String),
     #[error(transparent)]
     VirtioMmio(#[from] mmio::Error),
     #[error(transparent)]

@@ -14,7 +14,7 @@ use super::event_loop::EventLoop;
 use super::registry::DeviceStates;
 use super::stop::{StopHandle, StopReason};
 use super::vcpu::{self, Vcpu};
-use super::{fs, kvm, memory, vsock, Error, Machine};
+use super::{block, fs, kvm, memory, vsock, Error, Machine};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
 use crate::timeline::Timeline;
@@ -55,6 +55,10 @@ pub fn create(
     let serial = attach::attach_serial(&mut env, console)?;
     attach::attach_i8042(&mut env, &stop)?;
     attach::attach_status_port(&mut env, report.clone())?;
+    // The root disk first: it is the guest's vda whatever else is there.
+    if let Some(disk) = &config.root_disk {
+        block::attach_root_disk(&mut env, disk)?;
+    }
     if let Some(vsock) = &config.vsock {
         vsock::attach_vsock(&mut env, vsock.cid, &vsock.uds_path)?;
     }

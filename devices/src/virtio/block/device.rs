@@ -1,0 +1,153 @@
+//! The virtio-blk device as its transport sees it (device ID 2): features
+//! (read-only, SEG_MAX), the capacity in config space, and handing the
+//! queue to the event-loop handler at activation.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+use virtio_queue::{Queue, QueueState, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::defs::{
+    CONFIG_LEN, QUEUE_COUNT, QUEUE_SIZE, SEG_MAX, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+};
+use crate::state::{RestoreError, SaveError};
+use crate::virtio::device::{read_config_bytes, Activation, Error, Interrupt, VirtioDevice};
+use crate::virtio::state::VirtioDeviceSnapshot;
+
+/// The running device's queue, shared like the vsock device's: whoever
+/// holds the lock owns it, so a reset waits for the handler's pass.
+pub(super) struct Active {
+    pub mem: GuestMemoryMmap,
+    pub queue: Queue,
+    pub interrupt: Arc<Interrupt>,
+}
+
+#[derive(Default)]
+pub(super) struct Shared {
+    pub active: Option<Active>,
+}
+
+pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic on the other thread leaves the queue as consistent as it was.
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Block {
+    id: String,
+    sectors: u64,
+    config: [u8; CONFIG_LEN],
+    shared: Arc<Mutex<Shared>>,
+    /// Wakes the handler after activate (requests may already be queued).
+    wake: EventFd,
+}
+
+impl Block {
+    pub(super) fn new(id: String, sectors: u64, shared: Arc<Mutex<Shared>>, wake: EventFd) -> Self {
+        let mut config = [0u8; CONFIG_LEN];
+        config[..8].copy_from_slice(&sectors.to_le_bytes());
+        // size_max (bytes 8..12) stays 0: not offered.
+        config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
+        Self {
+            id,
+            sectors,
+            config,
+            shared,
+            wake,
+        }
+    }
+
+    /// The disk's size in 512-byte sectors.
+    pub fn sectors(&self) -> u64 {
+        self.sectors
+    }
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE; QUEUE_COUNT]
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_BLK_F_RO) | (1 << VIRTIO_BLK_F_SEG_MAX)
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+
+    /// Nothing in the offered config space is writable (no WCE).
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    fn activate(&mut self, activation: Activation) -> Result<(), Error> {
+        let Activation {
+            mem,
+            queues,
+            interrupt,
+            acked_features: _,
+        } = activation;
+        let Ok([queue]): Result<[Queue; QUEUE_COUNT], _> = queues.try_into() else {
+            return Err(Error::QueueCount {
+                expected: QUEUE_COUNT,
+                got: 0,
+            });
+        };
+        if !queue.is_valid(&mem) {
+            return Err(Error::BadQueue(0));
+        }
+        lock(&self.shared).active = Some(Active {
+            mem,
+            queue,
+            interrupt,
+        });
+        self.wake.write(1).map_err(|e| Error::Wake(e.to_string()))
+    }
+
+    /// The id and size identify the disk; requests are never in flight
+    /// between events, so the ring positions (saved by the transport) are
+    /// all the rest.
+    fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {
+        Ok(VirtioDeviceSnapshot::Block {
+            id: self.id.clone(),
+            sectors: self.sectors,
+        })
+    }
+
+    fn active_queues(&self) -> Option<Vec<QueueState>> {
+        lock(&self.shared)
+            .active
+            .as_ref()
+            .map(|a| vec![a.queue.state()])
+    }
+
+    fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError> {
+        match saved {
+            VirtioDeviceSnapshot::Block { id, sectors }
+                if *id == self.id && *sectors == self.sectors =>
+            {
+                Ok(())
+            }
+            VirtioDeviceSnapshot::Block { id, sectors } => Err(RestoreError::Mismatch {
+                device: "virtio-blk device",
+                why: format!(
+                    "disk {id:?} of {sectors} sectors saved, {:?} of {} here",
+                    self.id, self.sectors
+                ),
+            }),
+            other => Err(RestoreError::WrongKind {
+                device: "virtio-blk device",
+                saved: other.kind(),
+            }),
+        }
+    }
+
+    fn reset(&mut self) {
+        lock(&self.shared).active = None;
+    }
+}

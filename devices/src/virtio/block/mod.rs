@@ -1,0 +1,81 @@
+//! A read-only virtio-blk device (virtio 1.2 section 5.2) over a host
+//! file: how the guest gets its image root (docs/images.md).
+//!
+//! No maintained crate parses block requests, so this follows
+//! Firecracker's `devices/virtio/block` as the model, cut down to what a
+//! read-only root needs: IN (read), GET_ID and FLUSH (a no-op on a disk
+//! nothing writes); OUT is refused with IOERR and every other type with
+//! UNSUPP. Every length the guest gives is checked (request.rs) before a
+//! byte of the file is read.
+//!
+//! Threads: the [`Block`] half sits behind the MMIO transport (vCPU
+//! threads); the [`BlockHandler`] half is an event-loop subscriber that
+//! serves the one request queue. Requests are served synchronously with
+//! positional reads (`pread`) of the file, so none is ever in flight
+//! between two events: a snapshot needs nothing but the ring positions.
+
+pub mod defs;
+mod device;
+mod handler;
+mod request;
+#[cfg(test)]
+mod tests;
+
+use std::fs::File;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+pub use device::Block;
+pub use handler::BlockHandler;
+
+use defs::{ID_BYTES, QUEUE_COUNT, SECTOR_SIZE};
+use device::Shared;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the disk image cannot be read: {0}")]
+    Metadata(io::Error),
+    #[error("the disk image is {0} bytes, not a whole number of 512-byte sectors")]
+    NotSectorAligned(u64),
+    #[error("the disk image is empty")]
+    Empty,
+    #[error("the disk id {0:?} is longer than {ID_BYTES} bytes")]
+    IdTooLong(String),
+    #[error("virtio-blk needs {QUEUE_COUNT} queue eventfd, got {0}")]
+    QueueEvents(usize),
+    #[error("cannot create the virtio-blk wakeup eventfd: {0}")]
+    EventFd(io::Error),
+}
+
+/// The device (for the MMIO transport) and its event-loop handler. `file`
+/// is the disk, opened read-only by the caller; `id` is what GET_ID
+/// answers (the guest shows it as /sys/block/vdX/serial); `queue_evts`
+/// holds the request queue's notification eventfd.
+pub fn new(file: File, id: &str, queue_evts: Vec<EventFd>) -> Result<(Block, BlockHandler), Error> {
+    let len = file.metadata().map_err(Error::Metadata)?.len();
+    if len == 0 {
+        return Err(Error::Empty);
+    }
+    if !len.is_multiple_of(SECTOR_SIZE) {
+        return Err(Error::NotSectorAligned(len));
+    }
+    if id.len() > ID_BYTES {
+        return Err(Error::IdTooLong(id.to_string()));
+    }
+    let [queue_evt]: [EventFd; QUEUE_COUNT] = queue_evts
+        .try_into()
+        .map_err(|v: Vec<EventFd>| Error::QueueEvents(v.len()))?;
+    let wake = EventFd::new(EFD_NONBLOCK).map_err(Error::EventFd)?;
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let sectors = len / SECTOR_SIZE;
+    let device = Block::new(
+        id.to_string(),
+        sectors,
+        shared.clone(),
+        wake.try_clone().map_err(Error::EventFd)?,
+    );
+    let handler = BlockHandler::new(shared, wake, queue_evt, file, id, sectors);
+    Ok((device, handler))
+}

@@ -1,0 +1,357 @@
+//! The block device minus KVM: request chains built on mock split queues
+//! over real guest memory, a real file as the disk.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::Arc;
+
+use event_manager::{EventManager, SubscriberOps};
+use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::Queue;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::defs::*;
+use super::request::Disk;
+use crate::virtio::device::{Activation, Interrupt, VirtioDevice};
+use crate::virtio::state::VirtioDeviceSnapshot;
+
+const MEM_SIZE: usize = 32 << 20;
+const HDR: u64 = 0x10_0000;
+const DATA: u64 = 0x20_0000;
+const STATUS: u64 = 0x1f_0000;
+/// 64 sectors, each filled with its own number so a read from the wrong
+/// offset shows.
+const DISK_SECTORS: u64 = 64;
+
+fn mem() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
+}
+
+fn disk_file() -> File {
+    let mut f = tempfile();
+    for s in 0..DISK_SECTORS {
+        f.write_all(&[s as u8; SECTOR_SIZE as usize]).unwrap();
+    }
+    f
+}
+
+fn tempfile() -> File {
+    let path = std::env::temp_dir().join(format!(
+        "mvm-blk-test-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f
+}
+
+fn header(m: &GuestMemoryMmap, kind: u32, sector: u64) {
+    let mut raw = [0u8; HEADER_LEN];
+    raw[0..4].copy_from_slice(&kind.to_le_bytes());
+    raw[8..16].copy_from_slice(&sector.to_le_bytes());
+    m.write_slice(&raw, GuestAddress(HDR)).unwrap();
+}
+
+fn desc(addr: u64, len: u32, writable: bool) -> RawDescriptor {
+    let flags = if writable {
+        VRING_DESC_F_WRITE as u16
+    } else {
+        0
+    };
+    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+}
+
+/// Serves the chain `descs` (header at HDR written beforehand); returns
+/// (used length, status byte).
+fn serve(m: &GuestMemoryMmap, descs: &[RawDescriptor]) -> (u32, u8) {
+    m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    let q = MockSplitQueue::new(m, QUEUE_SIZE);
+    let chain = q.build_desc_chain(descs).unwrap();
+    let mut disk = Disk::new(disk_file(), "mvm-root", DISK_SECTORS);
+    let used = disk.serve(chain, m);
+    (used, m.read_obj(GuestAddress(STATUS)).unwrap())
+}
+
+fn read_request(m: &GuestMemoryMmap, sector: u64, lens: &[u32]) -> (u32, u8) {
+    header(m, VIRTIO_BLK_T_IN, sector);
+    let mut descs = vec![desc(HDR, HEADER_LEN as u32, false)];
+    let mut at = DATA;
+    for &len in lens {
+        descs.push(desc(at, len, true));
+        at += u64::from(len);
+    }
+    descs.push(desc(STATUS, 1, true));
+    serve(m, &descs)
+}
+
+#[test]
+fn reads_the_sectors_asked_for_across_descriptors() {
+    let m = mem();
+    // Three data buffers of 1, 2 and 1 sectors from sector 5.
+    let (used, status) = read_request(&m, 5, &[512, 1024, 512]);
+    assert_eq!(status, VIRTIO_BLK_S_OK as u8);
+    assert_eq!(used, 2048 + 1);
+    let mut got = vec![0u8; 2048];
+    m.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    for (i, chunk) in got.chunks(512).enumerate() {
+        assert!(
+            chunk.iter().all(|&b| b == 5 + i as u8),
+            "sector {} wrong",
+            5 + i
+        );
+    }
+}
+
+#[test]
+fn reads_outside_the_disk_fail_before_touching_memory() {
+    let m = mem();
+    m.write_slice(&[0xaa; 1024], GuestAddress(DATA)).unwrap();
+    // The last sector and one past it; then a sector whose byte offset
+    // overflows u64.
+    for sector in [DISK_SECTORS - 1, u64::MAX / 256] {
+        let (used, status) = read_request(&m, sector, &[1024]);
+        assert_eq!(status, VIRTIO_BLK_S_IOERR as u8, "sector {sector}");
+        assert_eq!(used, 1);
+    }
+    let mut got = [0u8; 1024];
+    m.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    assert!(got.iter().all(|&b| b == 0xaa));
+    // The positive control: the same buffer at the last sector alone works.
+    assert_eq!(
+        read_request(&m, DISK_SECTORS - 1, &[512]).1,
+        VIRTIO_BLK_S_OK as u8
+    );
+}
+
+#[test]
+fn partial_sectors_and_oversized_requests_are_io_errors() {
+    let m = mem();
+    assert_eq!(read_request(&m, 0, &[500]).1, VIRTIO_BLK_S_IOERR as u8);
+    // A disk big enough that only the per-request bound can refuse.
+    let big = tempfile();
+    big.set_len(2 * MAX_REQUEST_BYTES as u64).unwrap();
+    let sectors = 2 * MAX_REQUEST_BYTES as u64 / SECTOR_SIZE;
+    let request = |len: u32| {
+        header(&m, VIRTIO_BLK_T_IN, 0);
+        m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+        let q = MockSplitQueue::new(&m, QUEUE_SIZE);
+        let descs = [
+            desc(HDR, HEADER_LEN as u32, false),
+            desc(DATA, len, true),
+            desc(STATUS, 1, true),
+        ];
+        let chain = q.build_desc_chain(&descs).unwrap();
+        let mut disk = Disk::new(big.try_clone().unwrap(), "x", sectors);
+        disk.serve(chain, &m);
+        m.read_obj::<u8>(GuestAddress(STATUS)).unwrap()
+    };
+    assert_eq!(request(MAX_REQUEST_BYTES as u32), VIRTIO_BLK_S_OK as u8);
+    let over = (MAX_REQUEST_BYTES + SECTOR_SIZE as usize) as u32;
+    assert_eq!(request(over), VIRTIO_BLK_S_IOERR as u8);
+}
+
+#[test]
+fn writes_are_refused_and_leave_the_file_alone() {
+    let m = mem();
+    header(&m, VIRTIO_BLK_T_OUT, 0);
+    m.write_slice(&[0x55; 512], GuestAddress(DATA)).unwrap();
+    m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    let q = MockSplitQueue::new(&m, QUEUE_SIZE);
+    let chain = q
+        .build_desc_chain(&[
+            desc(HDR, HEADER_LEN as u32, false),
+            desc(DATA, 512, false),
+            desc(STATUS, 1, true),
+        ])
+        .unwrap();
+    let file = disk_file();
+    let mut disk = Disk::new(file.try_clone().unwrap(), "x", DISK_SECTORS);
+    assert_eq!(disk.serve(chain, &m), 1);
+    assert_eq!(
+        m.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_BLK_S_IOERR as u8
+    );
+    let mut first = [0u8; 512];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut first, 0).unwrap();
+    assert!(first.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn get_id_flush_and_unknown_types() {
+    let m = mem();
+    header(&m, VIRTIO_BLK_T_GET_ID, 0);
+    m.write_slice(&[0xaa; ID_BYTES], GuestAddress(DATA))
+        .unwrap();
+    let descs = [
+        desc(HDR, HEADER_LEN as u32, false),
+        desc(DATA, ID_BYTES as u32, true),
+        desc(STATUS, 1, true),
+    ];
+    assert_eq!(
+        serve(&m, &descs),
+        (ID_BYTES as u32 + 1, VIRTIO_BLK_S_OK as u8)
+    );
+    let mut id = [0u8; ID_BYTES];
+    m.read_slice(&mut id, GuestAddress(DATA)).unwrap();
+    assert_eq!(&id[..8], b"mvm-root");
+    assert!(id[8..].iter().all(|&b| b == 0));
+
+    let no_data = [desc(HDR, HEADER_LEN as u32, false), desc(STATUS, 1, true)];
+    header(&m, VIRTIO_BLK_T_FLUSH, 0);
+    assert_eq!(serve(&m, &no_data), (1, VIRTIO_BLK_S_OK as u8));
+    header(&m, 11, 0); // DISCARD: not offered
+    assert_eq!(serve(&m, &no_data), (1, VIRTIO_BLK_S_UNSUPP as u8));
+}
+
+#[test]
+fn malformed_chains() {
+    let m = mem();
+    header(&m, VIRTIO_BLK_T_IN, 0);
+    // A header shorter than 16 bytes.
+    let short = [
+        desc(HDR, 8, false),
+        desc(DATA, 512, true),
+        desc(STATUS, 1, true),
+    ];
+    assert_eq!(serve(&m, &short).1, VIRTIO_BLK_S_IOERR as u8);
+    // No writable byte at all: nowhere for a status, used length 0.
+    let q = MockSplitQueue::new(&m, QUEUE_SIZE);
+    let chain = q
+        .build_desc_chain(&[desc(HDR, HEADER_LEN as u32, false)])
+        .unwrap();
+    let mut disk = Disk::new(disk_file(), "x", DISK_SECTORS);
+    assert_eq!(disk.serve(chain, &m), 0);
+    // A data buffer that runs past the end of guest memory.
+    let outside = [
+        desc(HDR, HEADER_LEN as u32, false),
+        desc(MEM_SIZE as u64 - 256, 512, true),
+        desc(STATUS, 1, true),
+    ];
+    assert_eq!(serve(&m, &outside), (0, 0xff));
+}
+
+#[test]
+fn the_handler_serves_the_queue_and_interrupts() {
+    let m = mem();
+    let queue_evt = EventFd::new(EFD_NONBLOCK).unwrap();
+    let (mut dev, handler) = super::new(
+        disk_file(),
+        "mvm-root",
+        vec![queue_evt.try_clone().unwrap()],
+    )
+    .unwrap();
+    assert_ne!(dev.features() & (1 << VIRTIO_BLK_F_RO), 0);
+    let mut cap = [0u8; 8];
+    dev.read_config(0, &mut cap);
+    assert_eq!(u64::from_le_bytes(cap), DISK_SECTORS);
+    let mut seg = [0u8; 4];
+    dev.read_config(12, &mut seg);
+    assert_eq!(u32::from_le_bytes(seg), SEG_MAX);
+
+    let q = MockSplitQueue::new(&m, QUEUE_SIZE);
+    header(&m, VIRTIO_BLK_T_IN, 3);
+    q.add_desc_chains(
+        &[
+            RawDescriptor::from(SplitDescriptor::new(HDR, HEADER_LEN as u32, 1, 1)),
+            RawDescriptor::from(SplitDescriptor::new(
+                DATA,
+                512,
+                1 | VRING_DESC_F_WRITE as u16,
+                2,
+            )),
+            RawDescriptor::from(SplitDescriptor::new(
+                STATUS,
+                1,
+                VRING_DESC_F_WRITE as u16,
+                0,
+            )),
+        ],
+        0,
+    )
+    .unwrap();
+    let queue: Queue = q.create_queue().unwrap();
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let interrupt = Arc::new(Interrupt::new(irq.try_clone().unwrap()));
+    let mut em = EventManager::<Box<dyn event_manager::MutEventSubscriber + Send>>::new().unwrap();
+    em.add_subscriber(Box::new(handler));
+    dev.activate(Activation {
+        mem: m.clone(),
+        queues: vec![queue],
+        interrupt,
+        acked_features: dev.features(),
+    })
+    .unwrap();
+    em.run_with_timeout(1000).unwrap();
+    assert_eq!(
+        m.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_BLK_S_OK as u8
+    );
+    assert_eq!(m.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(), 3);
+    assert_eq!(irq.read().unwrap(), 1, "no interrupt after the request");
+    let used = dev.active_queues().unwrap();
+    assert_eq!(used[0].next_avail, 1);
+    assert_eq!(used[0].next_used, 1);
+    // Nothing more to do: the queue's eventfd wakes it, no interrupt.
+    queue_evt.write(1).unwrap();
+    em.run_with_timeout(1000).unwrap();
+    assert!(irq.read().is_err());
+    dev.reset();
+    assert!(dev.active_queues().is_none());
+}
+
+#[test]
+fn snapshots_name_the_disk_and_refuse_another() {
+    let (dev, _h) = super::new(
+        disk_file(),
+        "mvm-root",
+        vec![EventFd::new(EFD_NONBLOCK).unwrap()],
+    )
+    .unwrap();
+    let saved = dev.save().unwrap();
+    assert_eq!(
+        saved,
+        VirtioDeviceSnapshot::Block {
+            id: "mvm-root".into(),
+            sectors: DISK_SECTORS
+        }
+    );
+    dev.check_snapshot(&saved).unwrap();
+    let other = VirtioDeviceSnapshot::Block {
+        id: "mvm-root".into(),
+        sectors: DISK_SECTORS + 8,
+    };
+    assert!(dev.check_snapshot(&other).is_err());
+    assert!(dev
+        .check_snapshot(&VirtioDeviceSnapshot::Vsock { cid: 3 })
+        .is_err());
+}
+
+#[test]
+fn refuses_bad_disks() {
+    let evt = || vec![EventFd::new(EFD_NONBLOCK).unwrap()];
+    assert!(matches!(
+        super::new(tempfile(), "x", evt()),
+        Err(super::Error::Empty)
+    ));
+    let mut odd = tempfile();
+    odd.write_all(&[0; 700]).unwrap();
+    assert!(matches!(
+        super::new(odd, "x", evt()),
+        Err(super::Error::NotSectorAligned(700))
+    ));
+    assert!(matches!(
+        super::new(disk_file(), "an-id-longer-than-twenty", evt()),
+        Err(super::Error::IdTooLong(_))
+    ));
+}

@@ -1,0 +1,39 @@
+//! The image root's disk: a read-only virtio-blk device over the EROFS
+//! file, and the `mvm.root=` parameter that tells guest-init to mount it
+//! (the boot contract, docs/protocol.md).
+
+use std::fs::File;
+
+use mvm_devices::virtio::block;
+use mvm_protocol::boot::{RootParam, ROOT_DISK_ID};
+
+use super::attach::{attach_virtio, DeviceEnv, Error, Signaller, VirtioSpec};
+use crate::config::RootDisk;
+
+/// Registry id of the root disk.
+pub const ROOT_DISK_REGISTRY_ID: &str = "block-root";
+
+pub fn attach_root_disk(env: &mut DeviceEnv, disk: &RootDisk) -> Result<(), Error> {
+    let shown = disk.path.display().to_string();
+    // Read-only at the host too: nothing the guest does can reach the
+    // image in the store.
+    let file = File::open(&disk.path).map_err(|e| Error::RootDisk(shown.clone(), e.to_string()))?;
+    let spec = VirtioSpec {
+        id: ROOT_DISK_REGISTRY_ID,
+        what: "virtio-blk",
+        queues: block::defs::QUEUE_COUNT,
+        signaller: Signaller::Device,
+    };
+    attach_virtio(env, spec, |wiring| {
+        let (device, handler) = block::new(file, ROOT_DISK_ID, wiring.queue_evts)
+            .map_err(|e| Error::RootDisk(shown.clone(), e.to_string()))?;
+        Ok((device, Box::new(handler)))
+    })?;
+    env.cmdline_extra.push(
+        RootParam {
+            scratch_bytes: disk.scratch_bytes,
+        }
+        .to_param(),
+    );
+    Ok(())
+}
