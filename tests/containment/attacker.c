@@ -7,7 +7,7 @@
  * the test host alike.
  *
  *   attacker id                  print real and effective uid/gid
- *   attacker inet ADDR PORT      TCP connect to an IPv4 address
+ *   attacker inet ADDR PORT      TCP connect to an IPv4 or IPv6 address
  *   attacker listen PORT         accept TCP connections on 127.0.0.1:PORT,
  *                                one "accepted" line each, forever
  *   attacker vsock CID PORT      vsock stream connect
@@ -34,6 +34,7 @@
 #include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef SYS_pidfd_open
@@ -57,19 +58,46 @@ static int cmd_id(void)
     return 0;
 }
 
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A TCP connect to an IPv4 or IPv6 address; a failure says how long the
+ * connect took, so that "refused at once" can be told from "timed out". */
 static int cmd_inet(const char *addr, const char *port)
 {
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)atoi(port))};
-    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
-        return usage();
-    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_storage ss = {0};
+    socklen_t len;
+    int family;
+    uint16_t p = htons((uint16_t)atoi(port));
+    if (strchr(addr, ':')) {
+        struct sockaddr_in6 *sa = (struct sockaddr_in6 *)&ss;
+        sa->sin6_family = family = AF_INET6;
+        sa->sin6_port = p;
+        if (inet_pton(AF_INET6, addr, &sa->sin6_addr) != 1)
+            return usage();
+        len = sizeof *sa;
+    } else {
+        struct sockaddr_in *sa = (struct sockaddr_in *)&ss;
+        sa->sin_family = family = AF_INET;
+        sa->sin_port = p;
+        if (inet_pton(AF_INET, addr, &sa->sin_addr) != 1)
+            return usage();
+        len = sizeof *sa;
+    }
+    int s = socket(family, SOCK_STREAM, 0);
     if (s < 0) {
         printf("inet %s:%s: socket: %s\n", addr, port, strerror(errno));
         return 1;
     }
-    if (connect(s, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        printf("inet %s:%s: connect: %s\n", addr, port, strerror(errno));
+    long long start = now_ms();
+    if (connect(s, (struct sockaddr *)&ss, len) < 0) {
+        int e = errno;
+        printf("inet %s:%s: connect: %s (%lld ms)\n", addr, port, strerror(e),
+               now_ms() - start);
         return 1;
     }
     printf("inet %s:%s: connected\n", addr, port);

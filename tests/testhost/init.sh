@@ -61,6 +61,10 @@ mount -t proc proc /proc || die "mount /proc"
 mount -t sysfs sysfs /sys || die "mount /sys"
 mount -t tmpfs -o mode=1777 tmpfs /tmp || die "mount /tmp"
 mount -t tmpfs -o mode=0755 tmpfs /run || die "mount /run"
+# The test host's loopback, as on any Linux machine: tests put servers on
+# 127.0.0.1 here (e.g. containment check 3's listener, which the guest's
+# own loopback must not reach). QEMU's network device is not configured.
+ip link set lo up || die "bring up lo"
 
 # 9p over virtio-pci. msize 512000 is the most the virtio transport accepts
 # (PAGE_SIZE * (VIRTQUEUE_NUM - 3)); QEMU warns about slow small msizes.
