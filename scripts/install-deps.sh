@@ -7,9 +7,11 @@
 #   libseccomp-dev libcap-ng-dev: building virtiofsd (static, scripts/build-virtiofsd.sh)
 #   bubblewrap: the container baseline `make bench` measures next to mvm
 #     (benches/bench.py; QEMU, its other peer, is qemu-system-x86 above)
+#   skopeo: the e2e suite's docker-archive of its test image is written by
+#     a real peer tool, not by mvm (tests/e2e/images/make-test-image.sh)
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap)
+    libseccomp-dev libcap-ng-dev bubblewrap skopeo)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -192,6 +192,9 @@ pub struct Options<'a> {
     /// `MVM_TESTHOST_TIMEOUT` in seconds, for a call whose scripts run
     /// long (e.g. more mvm runs of their own); `None` is 90.
     pub testhost_timeout: Option<u32>,
+    /// Extra environment for the wrapper (MVM_* variables reach mvm in the
+    /// test host), e.g. `MVM_IMAGES` for an image store of the test's own.
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 /// Runs `tests/testhost/mvm ARGS` with `stdin` as its input, in the repo
@@ -298,6 +301,7 @@ fn mvm_once(options: &Options, args: &[&str]) -> Run {
             "MVM_TESTHOST_TIMEOUT",
             options.testhost_timeout.unwrap_or(90).to_string(),
         );
+    command.envs(options.env.iter().copied());
     // Only what this call asks for, never scripts from the environment.
     for (name, script) in [
         ("MVM_TESTHOST_SETUP", options.setup),

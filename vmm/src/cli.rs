@@ -43,9 +43,16 @@ pub enum Command {
         vm: VmArgs,
         #[command(flatten)]
         run: RunArgs,
-        /// The command and its arguments, after `--`.
-        #[arg(required = true, last = true, value_name = "CMD")]
+        /// The command and its arguments, after `--` (with --image: may be
+        /// left out to run the image's Entrypoint and Cmd).
+        #[arg(required_unless_present = "image", last = true, value_name = "CMD")]
         argv: Vec<String>,
+    },
+    /// Manage the image store: OCI images imported for `mvm run --image`
+    /// (docs/images.md)
+    Image {
+        #[command(subcommand)]
+        command: front::image::ImageCommand,
     },
 }
 
@@ -53,6 +60,7 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
     match cli.command {
         Command::Boot { vm, snapshot } => front::boot::boot(&vm, &snapshot, started),
         Command::Run { vm, run, argv } => front::run::run(&vm, &run, argv, started),
+        Command::Image { command } => front::image::command(&command),
     }
 }
 

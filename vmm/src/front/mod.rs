@@ -6,6 +6,7 @@
 
 pub mod boot;
 mod failure;
+pub mod image;
 pub mod run;
 mod stats;
 mod vm_args;

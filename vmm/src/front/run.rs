@@ -24,6 +24,7 @@ use crate::session::{self, signals, terminal, SessionDir};
 use crate::shares::{self, Share, WORKSPACE_GUEST_PATH};
 use crate::timeline::Timeline;
 use crate::virtiofsd::{self, Virtiofsd};
+use mvm_image::ImageConfig;
 
 /// The console log keeps this much of what the guest prints; a guest that
 /// floods its console cannot fill the host's disk.
@@ -85,14 +86,21 @@ pub struct RunArgs {
     /// Print no guest console lines when the guest crashes
     #[arg(short, long)]
     pub quiet: bool,
+    /// Run in an OCI image's root filesystem: oci:DIR[:TAG],
+    /// docker-archive:FILE, NAME[:TAG] or sha256:DIGEST of an image in the
+    /// store (`mvm image ls`), or `default` (the Debian image `make`
+    /// builds). Read-only underneath, writable above; every write is gone
+    /// when the VM ends (docs/images.md). Its Env, WorkingDir (with
+    /// --no-workspace), Entrypoint and Cmd apply as in `docker run`
+    #[arg(long, value_name = "REF", conflicts_with = "rootfs")]
+    pub image: Option<String>,
     /// Boot with this EROFS image (a file) as the guest's read-only root,
-    /// under a writable overlay that is gone when the VM ends
-    /// (docs/images.md)
+    /// under the same writable overlay as --image
     #[arg(long, value_name = "FILE")]
     pub rootfs: Option<PathBuf>,
     /// Most bytes the command may write to the image root (kept in guest
     /// memory, gone when the VM ends) [default: half of --memory]
-    #[arg(long, value_name = "SIZE", requires = "rootfs")]
+    #[arg(long, value_name = "SIZE")]
     pub scratch: Option<String>,
 }
 
@@ -105,15 +113,43 @@ pub fn run(
 ) -> Result<i32, Failure> {
     let cmdline = format!("{BASE_CMDLINE} quiet {} {}", agent_param(), vm.cmdline);
     let mut config = vm.vm_config(cmdline)?;
-    config.root_disk = root_disk(run, config.mem_size)?;
+    let image = run
+        .image
+        .as_deref()
+        .map(super::image::prepare)
+        .transpose()?;
+    let rootfs = image
+        .as_ref()
+        .map(|i| i.rootfs.clone())
+        .or(run.rootfs.clone());
+    config.root_disk = root_disk(rootfs, run.scratch.as_deref(), config.mem_size)?;
+    let image_config = image.map(|i| i.config);
+    let argv = match &image_config {
+        Some(c) => super::image::argv(c, argv),
+        None => argv,
+    };
+    if argv.is_empty() {
+        return Err(setup_failure(
+            "the image has no Entrypoint or Cmd: give the command after --",
+        ));
+    }
     let timeout = vm.timeout()?;
-    run_in_vm(config, run, argv, vm, started, timeout)
+    run_in_vm(
+        config,
+        run,
+        argv,
+        image_config.as_ref(),
+        vm,
+        started,
+        timeout,
+    )
 }
 
 fn run_in_vm(
     mut config: VmConfig,
     args: &RunArgs,
     argv: Vec<String>,
+    image: Option<&ImageConfig>,
     vm: &VmArgs,
     started: Instant,
     timeout: Option<Duration>,
@@ -121,7 +157,13 @@ fn run_in_vm(
     let mut front = Timeline::default();
     front.mark("arguments parsed");
     let shares = plan_shares(args)?;
-    let request = exec_request(args, argv, !args.no_workspace, config.root_disk.is_some())?;
+    let request = exec_request(
+        args,
+        argv,
+        !args.no_workspace,
+        config.root_disk.is_some(),
+        image,
+    )?;
     preflight(&config)?;
     front.mark("shares and kvm checked");
     let virtiofsd_binary = match shares.is_empty() {
@@ -381,17 +423,26 @@ fn start_backend(
 
 /// The image root the options ask for, its file checked readable before
 /// anything is started.
-fn root_disk(args: &RunArgs, mem_size: u64) -> Result<Option<RootDisk>, Failure> {
-    let Some(path) = &args.rootfs else {
-        return Ok(None);
+fn root_disk(
+    path: Option<PathBuf>,
+    scratch: Option<&str>,
+    mem_size: u64,
+) -> Result<Option<RootDisk>, Failure> {
+    let Some(path) = path else {
+        return match scratch {
+            None => Ok(None),
+            Some(_) => Err(setup_failure(
+                "--scratch sizes the image root's writable layer: use it with --image or --rootfs",
+            )),
+        };
     };
-    File::open(path).map_err(|e| {
+    File::open(&path).map_err(|e| {
         setup_failure(format!(
             "cannot read the root image {}: {e} (pass an EROFS image file to --rootfs)",
             path.display()
         ))
     })?;
-    let scratch_bytes = match &args.scratch {
+    let scratch_bytes = match scratch {
         None => mem_size / 2,
         Some(text) => match crate::config::parse_size(text) {
             Ok(n) if n >= crate::config::MIB => n,
@@ -403,7 +454,7 @@ fn root_disk(args: &RunArgs, mem_size: u64) -> Result<Option<RootDisk>, Failure>
         },
     };
     Ok(Some(RootDisk {
-        path: path.clone(),
+        path,
         scratch_bytes,
     }))
 }
@@ -424,20 +475,32 @@ fn login_name() -> String {
         .unwrap_or_else(|| "user".into())
 }
 
+/// What the guest agent is asked to run. With an image, its Env comes
+/// first (--env wins), and its WorkingDir is the default when no
+/// workspace is shared (with one, /workspace is: the project is where a
+/// command expects to start).
 fn exec_request(
     args: &RunArgs,
     argv: Vec<String>,
     workspace: bool,
     image_root: bool,
+    image: Option<&ImageConfig>,
 ) -> Result<ExecRequest, Failure> {
-    let mut env = Vec::with_capacity(args.env.len());
+    let mut env = image.map(super::image::env).unwrap_or_default();
     for item in &args.env {
         match item.split_once('=') {
             Some((key, value)) if !key.is_empty() => env.push((key.to_string(), value.to_string())),
             _ => return Err(setup_failure(format!("--env '{item}' is not KEY=VALUE"))),
         }
     }
-    let default_workdir = if workspace { WORKSPACE_GUEST_PATH } else { "/" };
+    let image_workdir = image
+        .and_then(|c| c.working_dir.as_deref())
+        .filter(|d| d.starts_with('/'));
+    let default_workdir = match (workspace, image_workdir) {
+        (true, _) => WORKSPACE_GUEST_PATH,
+        (false, Some(dir)) => dir,
+        (false, None) => "/",
+    };
     let workdir = args.workdir.as_deref().unwrap_or(default_workdir);
     if !workdir.starts_with('/') {
         return Err(setup_failure(format!(

@@ -1,0 +1,279 @@
+//! Images as the guest's root (docs/images.md): the suite's own two-layer
+//! image (tests/e2e/images/make-test-image.sh: GNU tar layers, the
+//! docker-archive written by Debian's skopeo) imported from both sources
+//! into a store of the test's own, then booted through the test host.
+//! Each check has a positive control beside it, so that an absent file is
+//! the whiteout's doing and not an empty root.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use mvm_e2e::{build_dir, mvm_with, repo_root, Options, Run};
+
+/// Where the test image and the store live: under the repo root, which
+/// the test host mounts at the same path.
+fn work_dir() -> PathBuf {
+    repo_root().join("target/e2e-images")
+}
+
+fn store_dir() -> String {
+    work_dir().join("store").display().to_string()
+}
+
+/// `build/bin/mvm ARGS` on this machine (the store needs no KVM), with
+/// the test's store; (status, stdout, stderr).
+fn mvm_here(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(build_dir().join("bin/mvm"))
+        .args(args)
+        .env("MVM_IMAGES", store_dir())
+        .output()
+        .expect("run build/bin/mvm");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    eprintln!(
+        "mvm {args:?} -> {:?}\n{}{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}
+
+/// The blobs an import says it copied ("... (N blobs copied, ...").
+fn blobs_copied(stdout: &str) -> Option<u32> {
+    stdout
+        .split_once(" (")?
+        .1
+        .split_once(" blobs copied")?
+        .0
+        .parse()
+        .ok()
+}
+
+/// Builds the test image and imports it from both sources into a fresh
+/// store, once per test process; checks the import counts on the way.
+fn imported() -> &'static () {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let dir = work_dir();
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = Command::new(repo_root().join("tests/e2e/images/make-test-image.sh"))
+            .arg(dir.join("layers"))
+            .status()
+            .expect("run make-test-image.sh");
+        assert!(status.success(), "make-test-image.sh failed");
+        let oci = format!("oci:{}:layers", dir.join("layers/oci").display());
+        let (code, out, err) = mvm_here(&["image", "import", &oci, "--name", "layers"]);
+        assert_eq!(code, 0, "{err}");
+        // Manifest, config and two layers.
+        assert_eq!(blobs_copied(&out), Some(4), "{out}");
+        let (code, again, err) = mvm_here(&["image", "import", &oci, "--name", "layers"]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            blobs_copied(&again),
+            Some(0),
+            "a second import copies nothing: {again}"
+        );
+        let archive = format!("docker-archive:{}", dir.join("layers/image.tar").display());
+        let (code, out, err) = mvm_here(&["image", "import", &archive]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with("mvm-test/layers:1 "), "{out}");
+        let (_, list, _) = mvm_here(&["image", "ls"]);
+        assert!(
+            list.contains("layers:latest") || list.contains("layers "),
+            "{list}"
+        );
+    })
+}
+
+fn run_image(image: &str, extra: &[&str], script: &str) -> Run {
+    imported();
+    let store = store_dir();
+    let env = [("MVM_IMAGES", store.as_str())];
+    let mut args = vec!["run", "--image", image, "--no-workspace"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    mvm_with(
+        &Options {
+            env: &env,
+            ..Options::default()
+        },
+        &args,
+    )
+}
+
+const LAYERS_SCRIPT: &str = "\
+echo opq=$(ls /opq | tr '\\n' ' '); \
+echo keep=$(ls /keep | tr '\\n' ' '); \
+test -e /gone && echo gone=present || echo gone=absent; \
+echo inodes=$(stat -c %i /links/x /links/y | tr '\\n' ' '); \
+echo y=$(cat /links/y); \
+echo env=$MVM_TEST_IMAGE; \
+echo pwd=$(pwd)";
+
+fn check_layers(run: &Run) {
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let line = |key: &str| {
+        run.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} line in {}", run.stdout))
+            .trim()
+            .to_string()
+    };
+    // Control: layer 1's /keep/old is there, so layer 1 is visible at all.
+    assert_eq!(line("keep="), "new old");
+    assert_eq!(line("gone="), "absent", "the whiteout did not hide /gone");
+    assert_eq!(
+        line("opq="),
+        "c",
+        "the opaque directory shows lower entries"
+    );
+    let inodes: Vec<String> = line("inodes=").split(' ').map(String::from).collect();
+    assert_eq!(inodes.len(), 2);
+    assert_eq!(inodes[0], inodes[1], "hard links do not share an inode");
+    assert_eq!(line("y="), "linked");
+    assert_eq!(line("env="), "layers", "the image's Env is not applied");
+    assert_eq!(
+        line("pwd="),
+        "/keep",
+        "WorkingDir is not the default with --no-workspace"
+    );
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn layers_flatten_as_oci_says_from_an_oci_layout() {
+    check_layers(&run_image("layers", &[], LAYERS_SCRIPT));
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn layers_flatten_as_oci_says_from_a_docker_archive() {
+    check_layers(&run_image("mvm-test/layers:1", &[], LAYERS_SCRIPT));
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn without_a_command_the_images_cmd_runs() {
+    imported();
+    let store = store_dir();
+    let env = [("MVM_IMAGES", store.as_str())];
+    let run = mvm_with(
+        &Options {
+            env: &env,
+            ..Options::default()
+        },
+        &["run", "--image", "layers", "--no-workspace"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "default-cmd\n");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn the_caller_gets_a_passwd_entry_and_setuid_raises_nothing() {
+    let run = run_image(
+        "layers",
+        &[],
+        "id -u; whoami; echo home=$HOME; touch $HOME/x && echo home-writable; \
+         stat -c 'mode=%a owner=%u' /setuid; echo setuid-euid=$(/setuid); \
+         grep -c ':/home/' /etc/passwd",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let uid = lines[0];
+    assert_ne!(uid, "0", "the command must not be root by default");
+    // The image's passwd has root and nobody only: the entry is mvm's.
+    assert!(
+        !lines[1].is_empty() && !lines[1].contains("unknown"),
+        "{lines:?}"
+    );
+    assert_eq!(lines[2], format!("home=/home/{}", lines[1]));
+    assert_eq!(lines[3], "home-writable");
+    // The mode is kept as data (control: the check can see a setuid bit)...
+    assert_eq!(lines[4], "mode=4755 owner=0");
+    // ...and raises nothing: nosuid and no_new_privs.
+    assert_eq!(lines[5], format!("setuid-euid={uid}"));
+    assert_eq!(lines[6], "1");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn writes_anywhere_are_kept_for_the_run_and_gone_after() {
+    let first = run_image(
+        "layers",
+        &["--root"],
+        "echo installed > /bin/newtool && cat /bin/newtool && rm /etc/group && echo removed",
+    );
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    assert_eq!(first.stdout, "installed\nremoved\n");
+    let second = run_image(
+        "layers",
+        &["--root"],
+        "test -e /bin/newtool && echo newtool=present || echo newtool=absent; test -e /etc/group && echo group=present",
+    );
+    assert_eq!(second.code, Some(0), "{}", second.stderr);
+    assert_eq!(second.stdout, "newtool=absent\ngroup=present\n");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn scratch_bounds_what_the_command_can_write() {
+    // Control: 1 MiB fits in 4M; 8 MiB does not.
+    let run = run_image(
+        "layers",
+        &["--root", "--scratch", "4M"],
+        "dd if=/dev/zero of=/small bs=1024 count=1024 2>/dev/null && echo small-ok; \
+         dd if=/dev/zero of=/big bs=1024 count=8192 2>&1 | grep -o 'No space left on device' | head -n 1",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "small-ok\nNo space left on device\n");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_loopback_server_and_its_client_in_one_command() {
+    let run = run_image(
+        "layers",
+        &[],
+        "nc -l -p 8080 -e echo served-over-lo & sleep 1; nc 127.0.0.1 8080 </dev/null",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout.trim(), "served-over-lo");
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn unknown_images_are_one_line_and_exit_125() {
+    imported();
+    for (image, says) in [
+        ("no-such-image", "is not in the store"),
+        ("oci:/nonexistent/layout", "/nonexistent/layout"),
+        ("registry.invalid:5000/app:1", "registry"),
+    ] {
+        let (code, _, err) = mvm_here(&["run", "--image", image, "--", "true"]);
+        assert_eq!(code, 125, "{image}: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{image}: {err}");
+        assert!(
+            lines[0].starts_with("mvm: ") && lines[0].contains(says),
+            "{image}: {err}"
+        );
+    }
+}
+
+#[test]
+fn import_counts_are_read_from_the_output() {
+    assert_eq!(
+        blobs_copied("layers:latest sha256:ab (4 blobs copied, 10 bytes)"),
+        Some(4)
+    );
+    assert_eq!(blobs_copied("x (0 blobs copied, 0 bytes)"), Some(0));
+    assert_eq!(blobs_copied("nothing"), None);
+}

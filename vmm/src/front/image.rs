@@ -1,0 +1,240 @@
+//! `mvm image import|ls|rm|pull` and what `mvm run --image REF` needs from
+//! the image store (docs/images.md): REF imported if it names a source,
+//! found in the store otherwise, and converted to an EROFS root on first
+//! use. Every failure is one line and exit 125 with the store unchanged
+//! (the store's own rule, crates' `mvm-image`).
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use mvm_image::{Image, ImageConfig, ImageSource, Limits, Store, TerminalProgress};
+
+use super::{beside_binary, setup_failure, Failure};
+
+/// The name `--image default` stands for: the Debian image `make` builds
+/// (rootfs/debian), imported from beside the binary on first use.
+pub const DEFAULT_IMAGE: &str = "default";
+/// Where `make` puts the default image's OCI layout, beside the binary.
+const DEFAULT_LAYOUT: &str = "share/mvm/images/debian";
+/// Its tag in that layout, and its name in the store.
+const DEFAULT_TAG: &str = "debian-bookworm";
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCommand {
+    /// Copy an image into the store: oci:DIR[:TAG] (an OCI image layout)
+    /// or docker-archive:FILE (`docker save` / `podman save` output).
+    /// Every blob is checked against its digest; a second import of the
+    /// same image copies nothing.
+    Import {
+        /// oci:DIR[:TAG] or docker-archive:FILE
+        #[arg(value_name = "SOURCE")]
+        source: String,
+        /// Name it NAME[:TAG] in the store [default: the source's tag]
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+    },
+    /// List the images in the store
+    Ls,
+    /// Remove an image (NAME[:TAG] or sha256:DIGEST); its blobs and
+    /// converted root go unless another name uses them
+    Rm {
+        #[arg(value_name = "IMAGE")]
+        reference: String,
+    },
+    /// Pull an image from a registry (HOST[:PORT]/NAME:TAG): not built yet
+    Pull {
+        #[arg(value_name = "REF")]
+        reference: String,
+    },
+}
+
+/// An image ready to boot: its EROFS root and how to run it.
+pub struct Prepared {
+    pub rootfs: PathBuf,
+    pub config: ImageConfig,
+}
+
+fn store() -> Result<Store, Failure> {
+    let root = Store::default_root().map_err(setup_failure)?;
+    Store::open(&root).map_err(setup_failure)
+}
+
+fn not_built_yet(reference: &str) -> Failure {
+    setup_failure(format!(
+        "pulling '{reference}' from a registry is not built yet: save it with `docker save` or `skopeo copy ... oci:DIR` and run `mvm image import docker-archive:FILE` (or oci:DIR)"
+    ))
+}
+
+/// Whether REF looks like a registry reference (its first component is a
+/// host: it has a dot or a port, or is localhost).
+fn names_a_registry(reference: &str) -> bool {
+    reference.split_once('/').is_some_and(|(first, _)| {
+        first.contains('.') || first.contains(':') || first == "localhost"
+    })
+}
+
+/// `mvm run --image REF`: the image imported (a source) or found, then
+/// its root converted (once; later runs take the cached one).
+pub fn prepare(reference: &str) -> Result<Prepared, Failure> {
+    let store = store()?;
+    let mut progress = TerminalProgress::new();
+    let image = if reference == DEFAULT_IMAGE {
+        default_image(&store, &mut progress)?
+    } else if let Some(source) = ImageSource::parse(reference).map_err(setup_failure)? {
+        store
+            .import(&source, None, &mut progress)
+            .map_err(setup_failure)?
+    } else {
+        match store.find(reference) {
+            Ok(image) => image,
+            Err(_) if names_a_registry(reference) => return Err(not_built_yet(reference)),
+            Err(e) => return Err(setup_failure(e)),
+        }
+    };
+    let rootfs = store
+        .rootfs(&image, &Limits::default(), &mut progress)
+        .map_err(setup_failure)?;
+    Ok(Prepared {
+        rootfs: rootfs.path,
+        config: image.config,
+    })
+}
+
+/// The default image: in the store under its tag, else imported from
+/// the layout `make` installs beside the binary.
+fn default_image(store: &Store, progress: &mut TerminalProgress) -> Result<Image, Failure> {
+    let layout = beside_binary(DEFAULT_LAYOUT).filter(|dir| dir.join("index.json").is_file());
+    let Some(dir) = layout else {
+        return store.find(DEFAULT_TAG).map_err(|_| {
+            setup_failure(format!(
+                "the default image is not built: run `make` (it builds {DEFAULT_LAYOUT} beside the mvm binary) or pass --image REF"
+            ))
+        });
+    };
+    let source = ImageSource::OciLayout {
+        dir,
+        tag: Some(DEFAULT_TAG.into()),
+    };
+    store
+        .import(&source, Some(DEFAULT_TAG), progress)
+        .map_err(setup_failure)
+}
+
+/// `mvm image ...`; prints what was done.
+pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
+    match cmd {
+        ImageCommand::Import { source, name } => {
+            let Some(source) = ImageSource::parse(source).map_err(setup_failure)? else {
+                return Err(setup_failure(format!(
+                    "'{source}' is not an image source: use oci:DIR[:TAG] or docker-archive:FILE"
+                )));
+            };
+            let image = store()?
+                .import(&source, name.as_deref(), &mut TerminalProgress::new())
+                .map_err(setup_failure)?;
+            println!(
+                "{} {} ({} blobs copied, {} bytes)",
+                image.name.as_deref().unwrap_or("<none>"),
+                image.manifest_digest,
+                image.imported.blobs_copied,
+                image.imported.bytes_copied
+            );
+        }
+        ImageCommand::Ls => {
+            let images = store()?.list().map_err(setup_failure)?;
+            println!(
+                "{:<40} {:<19} {:>6} {:>12}",
+                "NAME", "DIGEST", "LAYERS", "SIZE"
+            );
+            for image in images {
+                let size: u64 = image.layers.iter().map(|l| l.size).sum();
+                let digest = image
+                    .manifest_digest
+                    .strip_prefix("sha256:")
+                    .unwrap_or(&image.manifest_digest);
+                println!(
+                    "{:<40} {:<19} {:>6} {:>12}",
+                    image.name.as_deref().unwrap_or("<none>"),
+                    &digest[..digest.len().min(12)],
+                    image.layers.len(),
+                    size
+                );
+            }
+        }
+        ImageCommand::Rm { reference } => {
+            store()?.remove(reference).map_err(setup_failure)?;
+            println!("removed {reference}");
+        }
+        ImageCommand::Pull { reference } => return Err(not_built_yet(reference)),
+    }
+    Ok(0)
+}
+
+/// The command line an image runs: like `docker run`, the entrypoint
+/// stays and the arguments given replace the image's Cmd.
+pub fn argv(config: &ImageConfig, given: Vec<String>) -> Vec<String> {
+    let tail = if given.is_empty() {
+        config.cmd.clone()
+    } else {
+        given
+    };
+    config.entrypoint.iter().cloned().chain(tail).collect()
+}
+
+/// The image's Env as KEY=VALUE pairs (malformed entries skipped).
+pub fn env(config: &ImageConfig) -> Vec<(String, String)> {
+    config
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ImageConfig {
+        ImageConfig {
+            env: vec!["PATH=/usr/bin:/bin".into(), "BROKEN".into(), "A=b=c".into()],
+            entrypoint: vec!["/entry".into()],
+            cmd: vec!["serve".into(), "--port=1".into()],
+            ..ImageConfig::default()
+        }
+    }
+
+    #[test]
+    fn arguments_replace_cmd_and_keep_the_entrypoint() {
+        assert_eq!(argv(&config(), vec![]), ["/entry", "serve", "--port=1"]);
+        assert_eq!(argv(&config(), vec!["sh".into()]), ["/entry", "sh"]);
+        let plain = ImageConfig {
+            cmd: vec!["/bin/bash".into()],
+            ..ImageConfig::default()
+        };
+        assert_eq!(argv(&plain, vec!["true".into()]), ["true"]);
+        assert_eq!(argv(&plain, vec![]), ["/bin/bash"]);
+        assert!(argv(&ImageConfig::default(), vec![]).is_empty());
+    }
+
+    #[test]
+    fn env_pairs() {
+        assert_eq!(
+            env(&config()),
+            [
+                ("PATH".to_string(), "/usr/bin:/bin".to_string()),
+                ("A".into(), "b=c".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn registry_references_are_told_from_store_names() {
+        assert!(names_a_registry("registry.example:5000/app:1"));
+        assert!(names_a_registry("localhost/app"));
+        assert!(names_a_registry("127.0.0.1:5000/app"));
+        assert!(!names_a_registry("app:1"));
+        assert!(!names_a_registry("library/app"));
+    }
+}
