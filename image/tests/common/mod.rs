@@ -134,14 +134,15 @@ impl Tar {
         let mut h = tar::Header::new_gnu();
         h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
         h.set_entry_type(tar::EntryType::GNUSparse);
+        h.set_uid(0);
+        h.set_gid(0);
         h.set_mode(0o644);
         h.set_mtime(1_700_000_000);
         h.set_size(data.len() as u64);
         let g = h.as_gnu_mut().unwrap();
         let oct = |dst: &mut [u8; 12], v: u64| {
-            let s = format!("{v:011o}");
-            dst[..11].copy_from_slice(s.as_bytes());
-            dst[11] = 0;
+            // 12 octal digits, no terminator: 10 GiB needs all of them.
+            dst.copy_from_slice(format!("{v:012o}").as_bytes());
         };
         oct(&mut g.sparse[0].offset, at);
         oct(&mut g.sparse[0].numbytes, data.len() as u64);
@@ -194,7 +195,7 @@ pub fn oci_layout(dir: &Path, layers: &[(Vec<u8>, &str)], arch: &str, tag: &str)
         .iter()
         .map(|(t, mt)| {
             if mt.ends_with("gzip") {
-                sha(&gunzip(t))
+                sha(&gunzip(t).unwrap_or_default())
             } else {
                 sha(t)
             }
@@ -229,10 +230,11 @@ pub fn write_index(dir: &Path, manifests: &[serde_json::Value]) {
     std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
 }
 
-pub fn gunzip(b: &[u8]) -> Vec<u8> {
+/// None for a damaged stream (tests give those on purpose).
+pub fn gunzip(b: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
-    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(b), &mut out).unwrap();
-    out
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(b), &mut out).ok()?;
+    Some(out)
 }
 
 /// A classic `docker save` archive of plain layers.
