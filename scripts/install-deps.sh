@@ -7,9 +7,10 @@
 #   libseccomp-dev libcap-ng-dev: building virtiofsd (static, scripts/build-virtiofsd.sh)
 #   bubblewrap: the container baseline `make bench` measures next to mvm
 #     (benches/bench.py; QEMU, its other peer, is qemu-system-x86 above)
+#   erofs-utils: fsck.erofs checks the images the image crate writes
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap)
+    libseccomp-dev libcap-ng-dev bubblewrap erofs-utils)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
