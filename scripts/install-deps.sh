@@ -9,9 +9,10 @@
 #     (benches/bench.py; QEMU, its other peer, is qemu-system-x86 above)
 #   skopeo: the e2e suite's docker-archive of its test image is written by
 #     a real peer tool, not by mvm (tests/e2e/images/make-test-image.sh)
+#   erofs-utils: fsck.erofs checks the images the image crate writes
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap skopeo)
+    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

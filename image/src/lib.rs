@@ -25,8 +25,8 @@
 //! An image in the store is its manifest (an OCI image manifest, or a
 //! Docker v2 schema2 one; a Docker archive's images get an OCI manifest
 //! written at import) with the config and layers it lists. Names are
-//! NAME:TAG (`foo` means `foo:latest`; a leading `docker.io/library/` or
-//! `docker.io/` is dropped); an image imported without any name is found
+//! NAME:TAG (`foo` means `foo:latest`; names are kept as given, no
+//! registry prefix added or dropped); an image imported without any name is found
 //! by its digest.
 
 mod convert;

@@ -72,7 +72,7 @@ mod tests {
 
     #[test]
     fn blocks_split_where_the_next_entry_would_not_fit() {
-        let long = vec![b'a'; 200];
+        let long = [b'a'; 200];
         let names: Vec<&[u8]> = (0..40).map(|_| &long[..]).collect();
         // 212 bytes an entry: 19 fit in a block (4028), the 20th would not.
         let blocks = split(names.iter().copied());

@@ -150,7 +150,7 @@ pub(crate) fn plan(tree: &Tree) -> Result<Plan, Error> {
         if layout == DataLayout::ChunkBased {
             meta += 4 * Plan::chunk_count(&p);
         }
-        let whole = (size - tail as u64).div_ceil(BLOCK);
+        let whole = (size - tail).div_ceil(BLOCK);
         if matches!(inode.kind, Kind::Dir(_) | Kind::Symlink(_)) && whole > 0 {
             dir_blocks.push((placed.len(), whole));
         }

@@ -5,6 +5,7 @@
 //! the two POSIX ACLs. Other namespaces are dropped (see `encodable`).
 
 use super::format::XATTR_HEADER;
+use crate::flatten::tree::Xattr;
 
 const INDEX_USER: u8 = 1;
 const INDEX_ACL_ACCESS: u8 = 2;
@@ -55,7 +56,7 @@ fn entry_size(rest: &[u8], value: &[u8]) -> u64 {
 
 /// Bytes of the ibody (header and entries), 0 without xattrs. Callers only
 /// pass encodable xattrs.
-pub(crate) fn ibody_size(xattrs: &[(Box<[u8]>, Box<[u8]>)]) -> u64 {
+pub(crate) fn ibody_size(xattrs: &[Xattr]) -> u64 {
     if xattrs.is_empty() {
         return 0;
     }
@@ -76,7 +77,7 @@ pub(crate) fn icount(size: u64) -> u16 {
     }
 }
 
-pub(crate) fn encode(out: &mut Vec<u8>, xattrs: &[(Box<[u8]>, Box<[u8]>)]) {
+pub(crate) fn encode(out: &mut Vec<u8>, xattrs: &[Xattr]) {
     if xattrs.is_empty() {
         return;
     }

@@ -86,7 +86,7 @@ pub(crate) fn flatten(
                     field: "max_entries",
                 });
             }
-            if entries % 4096 == 0 {
+            if entries.is_multiple_of(4096) {
                 progress.update(&format!("reading layer {} of {n}", i + 1), entries, None);
             }
             let path = e.path_bytes().into_owned();

@@ -4,7 +4,7 @@
 use tar::{Entry, EntryType};
 
 use crate::erofs::xattr;
-use crate::flatten::tree::Meta;
+use crate::flatten::tree::{Meta, Xattr};
 
 pub(crate) struct Header {
     pub entry_type: EntryType,
@@ -26,7 +26,7 @@ pub(crate) fn read<R: std::io::Read>(entry: &mut Entry<'_, R>) -> Result<Header,
     let major = h.device_major().ok().flatten().unwrap_or(0);
     let minor = h.device_minor().ok().flatten().unwrap_or(0);
     let size = entry.size();
-    let mut xattrs: Vec<(Box<[u8]>, Box<[u8]>)> = Vec::new();
+    let mut xattrs: Vec<Xattr> = Vec::new();
     if let Some(pax) = entry
         .pax_extensions()
         .map_err(|e| format!("bad PAX header: {e}"))?

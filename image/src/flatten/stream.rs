@@ -15,7 +15,10 @@ const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 /// Opens a layer blob as its tar stream, at most `limit` bytes of it: a
 /// longer stream (a decompression bomb) fails the read and sets the
 /// returned flag, so the caller can tell a limit from damage.
-pub(crate) fn open(path: &Path, limit: u64) -> io::Result<(Box<dyn Read>, Rc<Cell<bool>>)> {
+/// The tar stream and the flag set when the limit stopped it.
+pub(crate) type Stream = (Box<dyn Read>, Rc<Cell<bool>>);
+
+pub(crate) fn open(path: &Path, limit: u64) -> io::Result<Stream> {
     let mut raw = BufReader::with_capacity(1 << 16, File::open(path)?);
     let head = raw.fill_buf()?;
     let tar: Box<dyn Read> = if head.starts_with(GZIP_MAGIC) {

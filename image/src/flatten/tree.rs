@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 pub(crate) type Id = u32;
 
+/// An xattr: full name ("security.capability") and raw value.
+pub(crate) type Xattr = (Box<[u8]>, Box<[u8]>);
+
 /// The root directory's inode id.
 pub(crate) const ROOT: Id = 0;
 
@@ -27,7 +30,7 @@ pub(crate) struct Meta {
     pub mtime: u64,
     pub mtime_nsec: u32,
     /// Full names ("security.capability") to raw values, sorted by name.
-    pub xattrs: Vec<(Box<[u8]>, Box<[u8]>)>,
+    pub xattrs: Vec<Xattr>,
 }
 
 impl Meta {

@@ -68,6 +68,16 @@ pub(crate) fn is_tag(t: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
 }
 
+/// What an import needs from a source: the manifest it picked, and its
+/// blobs by digest.
+pub(crate) trait Blobs {
+    /// The manifest's bytes, its digest and the name the source gives it.
+    fn manifest(&self) -> Result<(Vec<u8>, String, Option<String>), Error>;
+    /// A blob's bytes, or None if the source does not have it.
+    fn open(&self, digest: &str) -> Result<Option<Box<dyn std::io::Read + '_>>, Error>;
+    fn describe(&self) -> String;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,14 +107,4 @@ mod tests {
         assert_eq!(ImageSource::parse("alpine:3.20").unwrap(), None);
         assert!(ImageSource::parse("oci:").is_err());
     }
-}
-
-/// What an import needs from a source: the manifest it picked, and its
-/// blobs by digest.
-pub(crate) trait Blobs {
-    /// The manifest's bytes, its digest and the name the source gives it.
-    fn manifest(&self) -> Result<(Vec<u8>, String, Option<String>), Error>;
-    /// A blob's bytes, or None if the source does not have it.
-    fn open(&self, digest: &str) -> Result<Option<Box<dyn std::io::Read + '_>>, Error>;
-    fn describe(&self) -> String;
 }

@@ -163,7 +163,7 @@ impl Blobs for OciLayout {
         for _ in 0..4 {
             let bytes = self.blob(&d)?;
             let digest = d.digest().to_string();
-            if !is_index(&d.media_type().to_string(), &bytes) {
+            if !is_index(d.media_type().as_ref(), &bytes) {
                 return Ok((bytes, digest, name));
             }
             let nested = parse_index(&bytes, &digest)?;

@@ -68,18 +68,15 @@ impl Names {
     }
 }
 
-/// NAME[:TAG] in the store's form: `latest` when no tag is given, and
-/// Docker Hub's implicit prefixes dropped, so "docker.io/library/alpine"
-/// and "alpine" are one name.
+/// NAME[:TAG] in the store's form: `latest` when no tag is given. Names
+/// are kept as given: no registry's implicit prefixes are added or
+/// dropped, so a name means the same whoever reads it.
 pub(crate) fn normalize(reference: &str) -> Result<String, Error> {
     let bad = |why: &str| Error::BadReference {
         reference: reference.to_string(),
         why: why.into(),
     };
-    let r = reference
-        .strip_prefix("docker.io/library/")
-        .or_else(|| reference.strip_prefix("docker.io/"))
-        .unwrap_or(reference);
+    let r = reference;
     if r.is_empty() || r.len() > 255 {
         return Err(bad("a name is 1 to 255 characters"));
     }
@@ -111,8 +108,8 @@ mod tests {
     fn names_normalize() {
         assert_eq!(normalize("foo").unwrap(), "foo:latest");
         assert_eq!(
-            normalize("docker.io/library/alpine:3.20").unwrap(),
-            "alpine:3.20"
+            normalize("library/alpine:3.20").unwrap(),
+            "library/alpine:3.20"
         );
         assert_eq!(
             normalize("localhost:5000/a/b").unwrap(),
