@@ -7,9 +7,13 @@
 #   libseccomp-dev libcap-ng-dev: building virtiofsd (static, scripts/build-virtiofsd.sh)
 #   bubblewrap: the container baseline `make bench` measures next to mvm
 #     (benches/bench.py; QEMU, its other peer, is qemu-system-x86 above)
+#   mmdebstrap: the default guest image from Debian's packages
+#     (rootfs/debian/build.sh; it also brings mmtarfilter); uidmap: its
+#     newuidmap/newgidmap, for --mode=unshare when the image is built by a
+#     user who is not root
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap)
+    libseccomp-dev libcap-ng-dev bubblewrap mmdebstrap uidmap)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
