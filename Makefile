@@ -1,14 +1,17 @@
 # mvm: `make demo` builds everything and runs a command in a microVM;
 # `make test` runs the whole test suite. See README.md.
 #
-# Expensive outputs (the kernel source, the two kernel builds and virtiofsd)
-# are cached under $(MVM_CACHE) and reused across clean clones; everything
-# else lands in build/ (ignored by git):
+# Expensive outputs (the kernel source, the two kernel builds, virtiofsd and
+# the default image) are cached under $(MVM_CACHE) and reused across clean
+# clones; everything else lands in build/ (ignored by git):
 #   build/bin/mvm                  the VMM (static)
 #   build/libexec/mvm/virtiofsd    virtio-fs backend mvm spawns (static,
 #                                  crate virtiofsd, scripts/build-virtiofsd.sh)
 #   build/share/mvm/vmlinux        guest kernel (+ kernel.release, source-*)
 #   build/share/mvm/initramfs.cpio guest initramfs: guest-init + busybox
+#   build/share/mvm/images/debian  the default guest image: Debian bookworm
+#                                  as an OCI image layout, tag debian-bookworm
+#                                  (rootfs/debian/build.sh, docs/images.md)
 #   build/testhost/                test-host kernel and initramfs
 
 export MVM_CACHE ?= $(HOME)/.cache/mvm
@@ -25,11 +28,12 @@ MVM      := build/bin/mvm
 VIRTIOFSD := build/libexec/mvm/virtiofsd
 KERNEL   := $(SHARE)/vmlinux
 INITRAMFS := $(SHARE)/initramfs.cpio
+IMAGE    := $(SHARE)/images/debian
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
 .PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-confine clean
-all: $(MVM) $(VIRTIOFSD) $(KERNEL) $(INITRAMFS) $(TH_KERNEL) $(TH_INITRAMFS)
+all: $(MVM) $(VIRTIOFSD) $(KERNEL) $(INITRAMFS) $(IMAGE) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -58,6 +62,12 @@ $(VIRTIOFSD): scripts/build-virtiofsd.sh build/.deps
 
 $(INITRAMFS): $(RELEASE)/mvm-init rootfs/build.sh build/.deps
 	rootfs/build.sh $(RELEASE)/mvm-init $@
+
+# The default guest image, an OCI image layout (a directory). Cached by the
+# script itself (keyed on the package names and its RECIPE): warm, this is
+# a copy. The script touches the directory, so make sees it up to date.
+$(IMAGE): rootfs/debian/build.sh rootfs/debian/packages build/.deps
+	rootfs/debian/build.sh $@
 
 $(TH_INITRAMFS): tests/testhost/build-initramfs.sh tests/testhost/init.sh build/.deps
 	tests/testhost/build-initramfs.sh $@

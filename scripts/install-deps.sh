@@ -10,9 +10,13 @@
 #   skopeo: the e2e suite's docker-archive of its test image is written by
 #     a real peer tool, not by mvm (tests/e2e/images/make-test-image.sh)
 #   erofs-utils: fsck.erofs checks the images the image crate writes
+#   mmdebstrap: the default guest image from Debian's packages
+#     (rootfs/debian/build.sh; it also brings mmtarfilter); uidmap: its
+#     newuidmap/newgidmap, for --mode=unshare when the image is built by a
+#     user who is not root
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils)
+    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils mmdebstrap uidmap)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
