@@ -63,7 +63,24 @@ pub fn enter(root: &RootParam) -> Result<(), Error> {
         ensure_dir(to, mode)?;
         move_mount(from, to)?;
     }
-    switch_root()
+    switch_root()?;
+    ensure_hosts();
+    Ok(())
+}
+
+/// Images leave /etc/hosts to the runtime (Docker writes one per
+/// container); without it glibc cannot resolve `localhost`, which test
+/// servers and their clients use, nor give the hostname a domain, which
+/// git needs for a default committer address. An image's own is kept.
+fn ensure_hosts() {
+    let path = std::path::Path::new("/etc/hosts");
+    if path.exists() || !path.parent().is_some_and(|p| p.is_dir()) {
+        return;
+    }
+    let hosts = "127.0.0.1\tlocalhost\n127.0.1.1\tmvm.localdomain mvm\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+    if let Err(e) = std::fs::write(path, hosts) {
+        crate::say!("warning: cannot write /etc/hosts: {e}");
+    }
 }
 
 /// chdir into the merged root, move it onto `/`, chroot there.

@@ -104,6 +104,11 @@ pub struct ExecRequest {
     /// initramfs root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_name: Option<String>,
+    /// `USER[:GROUP]` to run as instead of `uid`/`gid`: names looked up in
+    /// the root's /etc/passwd and /etc/group, numbers taken as they are
+    /// (`mvm run --user`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 impl ExecRequest {
@@ -121,6 +126,7 @@ impl ExecRequest {
             cols: 0,
             max_procs: 0,
             user_name: None,
+            user: None,
         }
     }
 }
@@ -327,6 +333,7 @@ mod tests {
             cols: 0,
             max_procs: 0,
             user_name: None,
+            user: None,
         };
         assert_eq!(
             text(Message::Exec(exec)),

@@ -22,6 +22,7 @@ fn every_message() -> Vec<Message> {
             cols: 132,
             max_procs: 4096,
             user_name: None,
+            user: None,
         }),
         Message::Stdin(b"line\n\0\xff".to_vec()),
         Message::Stdin(Vec::new()),

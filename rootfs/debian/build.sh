@@ -38,7 +38,7 @@
 # line on stderr; mmdebstrap's own progress only when stderr is a terminal.
 set -euo pipefail
 
-RECIPE=1
+RECIPE=2
 RELEASE=bookworm
 ARCH=amd64
 TAG=debian-$RELEASE
@@ -138,7 +138,7 @@ if [ ! -f "$built/layout/index.json" ] || [ "${MVM_REBUILD_IMAGE:-0}" = 1 ]; the
         --dpkgopt='path-exclude=/usr/share/lintian/*' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old' \
         --customize-hook='echo mvm > "$1/etc/hostname"' \
-        --customize-hook='printf "127.0.0.1\tlocalhost\n127.0.1.1\tmvm\n::1\tlocalhost ip6-localhost ip6-loopback\n" > "$1/etc/hosts"' \
+        --customize-hook='printf "127.0.0.1\tlocalhost\n127.0.1.1\tmvm.localdomain mvm\n::1\tlocalhost ip6-localhost ip6-loopback\n" > "$1/etc/hosts"' \
         --customize-hook='rm -f "$1/etc/resolv.conf"' \
         --customize-hook='test -s "$1/etc/passwd" && test -s "$1/etc/group"' \
         "$RELEASE" "$tmp/rootfs.tar"

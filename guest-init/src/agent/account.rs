@@ -7,10 +7,15 @@
 //!
 //! The parsing is pure and unit-tested; `ensure` writes the real files.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+use mvm_protocol::ExecRequest;
+
+use super::request::Prepared;
 
 const PASSWD: &str = "/etc/passwd";
 const GROUP: &str = "/etc/group";
@@ -69,11 +74,94 @@ fn entries(
     (user, group_line, home)
 }
 
+/// Who `--user USER[:GROUP]` names, per the root's passwd and group text:
+/// (uid, gid, home if the user has an entry). A numeric user without an
+/// entry keeps its own number as gid (never root's group by default).
+pub fn resolve(
+    spec: &str,
+    passwd: &str,
+    group: &str,
+) -> Result<(u32, u32, Option<String>), String> {
+    let (user, grp) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let entry = passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 7 && (f[0] == user || (user.parse::<u32>().is_ok() && f[2] == user)));
+    let (uid, default_gid, home) = match (&entry, user.parse::<u32>()) {
+        (Some(f), _) => {
+            let uid = f[2]
+                .parse()
+                .map_err(|_| format!("bad uid in /etc/passwd for {user}"))?;
+            let gid = f[3]
+                .parse()
+                .map_err(|_| format!("bad gid in /etc/passwd for {user}"))?;
+            (uid, gid, Some(f[5].to_string()))
+        }
+        (None, Ok(uid)) => (uid, uid, None),
+        (None, Err(_)) => return Err(format!("no user {user:?} in the image's /etc/passwd")),
+    };
+    let gid = match grp {
+        None => default_gid,
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => group
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() >= 3 && f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| format!("no group {g:?} in the image's /etc/group"))?,
+        },
+    };
+    Ok((uid, gid, home))
+}
+
+/// `resolve` against the root's own files.
+pub fn resolve_in_root(spec: &str) -> Result<(u32, u32, Option<String>), String> {
+    let passwd = fs::read_to_string(PASSWD).unwrap_or_default();
+    let group = fs::read_to_string(GROUP).unwrap_or_default();
+    resolve(spec, &passwd, &group)
+}
+
+/// What `--user` and `user_name` (docs/protocol.md) change in a prepared
+/// command: its uid, gid and home, and whether the home must be made.
+pub fn apply(request: &ExecRequest, prepared: &mut Prepared) -> Result<(), String> {
+    if request.user.is_none() && request.user_name.is_none() {
+        return Ok(());
+    }
+    let mut home = None;
+    if let Some(spec) = &request.user {
+        let (uid, gid, known) = resolve_in_root(spec).map_err(|e| format!("--user {spec}: {e}"))?;
+        prepared.uid = uid;
+        prepared.gid = gid;
+        home = known;
+    }
+    let home = match (home, &request.user_name) {
+        (Some(home), _) => Some(home),
+        (None, Some(name)) if prepared.uid != 0 => Some(
+            ensure(name, prepared.uid, prepared.gid)
+                .map_err(|e| format!("cannot add user {name} to /etc/passwd: {e}"))?,
+        ),
+        _ => None,
+    };
+    if let Some(home) = home {
+        prepared.set_home(CString::new(home).map_err(|_| "a home directory contains a NUL byte")?);
+    }
+    // A home the image has is used as it is; one it lacks is made if its
+    // parent exists (as the initramfs's /run/home is).
+    let home = Path::new(OsStr::from_bytes(prepared.home.as_bytes()));
+    prepared.create_home =
+        prepared.uid != 0 && !home.exists() && home.parent().is_some_and(Path::is_dir);
+    Ok(())
+}
+
 /// Makes sure `uid` and `gid` have entries; returns the user's home.
-pub fn ensure(wanted: &str, uid: u32, gid: u32) -> io::Result<CString> {
+pub fn ensure(wanted: &str, uid: u32, gid: u32) -> io::Result<String> {
     let passwd = fs::read_to_string(PASSWD).unwrap_or_default();
     if let Some(home) = home_of(&passwd, uid) {
-        return CString::new(home).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e));
+        return Ok(home);
     }
     let group = fs::read_to_string(GROUP).unwrap_or_default();
     let shell = if Path::new("/bin/bash").exists() {
@@ -87,7 +175,7 @@ pub fn ensure(wanted: &str, uid: u32, gid: u32) -> io::Result<CString> {
         append(GROUP, &group, &line)?;
     }
     fs::create_dir_all("/home")?;
-    CString::new(home).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    Ok(home)
 }
 
 /// Appends `line`, first ending an unterminated last line.
@@ -122,6 +210,19 @@ mod tests {
         assert_eq!(user, "alice:x:1000:1000:alice:/home/alice:/bin/bash\n");
         assert_eq!(group.as_deref(), Some("alice:x:1000:\n"));
         assert_eq!(home, "/home/alice");
+    }
+
+    #[test]
+    fn user_specs_resolve_by_name_and_number() {
+        let r = |spec| resolve(spec, PASSWD_TEXT, GROUP_TEXT);
+        assert_eq!(r("user"), Ok((1001, 1001, Some("/srv/user".into()))));
+        assert_eq!(r("1001"), Ok((1001, 1001, Some("/srv/user".into()))));
+        assert_eq!(r("user:staff"), Ok((1001, 50, Some("/srv/user".into()))));
+        assert_eq!(r("4242"), Ok((4242, 4242, None)));
+        assert_eq!(r("4242:7"), Ok((4242, 7, None)));
+        assert_eq!(r("root"), Ok((0, 0, Some("/root".into()))));
+        assert!(r("nosuch").unwrap_err().contains("no user"));
+        assert!(r("user:nogroup").unwrap_err().contains("no group"));
     }
 
     #[test]

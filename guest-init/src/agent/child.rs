@@ -381,6 +381,7 @@ mod tests {
             cols: 0,
             max_procs: 64,
             user_name: None,
+            user: None,
         })
         .unwrap()
     }

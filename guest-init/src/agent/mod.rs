@@ -85,17 +85,9 @@ fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
         Ok(prepared) => prepared,
         Err(err) => return fail(conn, format!("bad exec request: {err}")),
     };
-    // An image root: the uid gets a passwd entry and a home of its own.
-    if let (Some(name), true) = (&request.user_name, request.uid != 0) {
-        match account::ensure(name, request.uid, request.gid) {
-            Ok(home) => prepared.set_home(home),
-            Err(err) => {
-                return fail(
-                    conn,
-                    format!("cannot add user {name} to /etc/passwd: {err}"),
-                )
-            }
-        }
+    // The root's users: --user looked up, the caller given an entry.
+    if let Err(err) = account::apply(request, &mut prepared) {
+        return fail(conn, err);
     }
     if prepared.tty {
         // A failure shows up as the pty failing to open, with its reason.

@@ -22,9 +22,10 @@ const DEFAULT_TAG: &str = "debian-bookworm";
 #[derive(Subcommand, Debug)]
 pub enum ImageCommand {
     /// Copy an image into the store: oci:DIR[:TAG] (an OCI image layout)
-    /// or docker-archive:FILE (`docker save` / `podman save` output).
-    /// Every blob is checked against its digest; a second import of the
-    /// same image copies nothing.
+    /// or docker-archive:FILE (`docker save` / `podman save` output), and
+    /// convert it to its root filesystem. Every blob is checked against
+    /// its digest; a second import of the same image copies nothing and
+    /// converts nothing.
     Import {
         /// oci:DIR[:TAG] or docker-archive:FILE
         #[arg(value_name = "SOURCE")]
@@ -91,26 +92,31 @@ pub fn prepare(reference: &str) -> Result<Prepared, Failure> {
             Err(e) => return Err(setup_failure(e)),
         }
     };
-    let rootfs = store
-        .rootfs(&image, &Limits::default(), &mut progress)
-        .map_err(setup_failure)?;
+    let rootfs = convert(&store, &image)?;
     Ok(Prepared {
         rootfs: rootfs.path,
         config: image.config,
     })
 }
 
-/// The default image: in the store under its tag, else imported from
-/// the layout `make` installs beside the binary.
+/// The default image: the one in the store under its tag when it is the
+/// layout's (same manifest digest: no blob is read again), else imported
+/// from the layout `make` installs beside the binary.
 fn default_image(store: &Store, progress: &mut TerminalProgress) -> Result<Image, Failure> {
     let layout = beside_binary(DEFAULT_LAYOUT).filter(|dir| dir.join("index.json").is_file());
+    let stored = store.find(DEFAULT_TAG).ok();
     let Some(dir) = layout else {
-        return store.find(DEFAULT_TAG).map_err(|_| {
+        return stored.ok_or_else(|| {
             setup_failure(format!(
                 "the default image is not built: run `make` (it builds {DEFAULT_LAYOUT} beside the mvm binary) or pass --image REF"
             ))
         });
     };
+    if let (Some(image), Some(digest)) = (&stored, layout_digest(&dir, DEFAULT_TAG)) {
+        if image.manifest_digest == digest {
+            return Ok(image.clone());
+        }
+    }
     let source = ImageSource::OciLayout {
         dir,
         tag: Some(DEFAULT_TAG.into()),
@@ -118,6 +124,35 @@ fn default_image(store: &Store, progress: &mut TerminalProgress) -> Result<Image
     store
         .import(&source, Some(DEFAULT_TAG), progress)
         .map_err(setup_failure)
+}
+
+/// The manifest digest an OCI layout's index.json gives `tag`; None when
+/// it cannot tell (the import then reads the layout properly).
+fn layout_digest(dir: &std::path::Path, tag: &str) -> Option<String> {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).ok()?).ok()?;
+    index["manifests"].as_array()?.iter().find_map(|m| {
+        (m["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(tag))
+            .then(|| m["digest"].as_str().map(String::from))?
+    })
+}
+
+/// The converted root, said in a line (how long a conversion took).
+fn convert(store: &Store, image: &Image) -> Result<mvm_image::Rootfs, Failure> {
+    let started = std::time::Instant::now();
+    let rootfs = store
+        .rootfs(image, &Limits::default(), &mut TerminalProgress::new())
+        .map_err(setup_failure)?;
+    if rootfs.converted {
+        eprintln!(
+            "mvm: converted {} to its root filesystem in {:.1} s ({} entries, {} MiB)",
+            image.name.as_deref().unwrap_or(&image.manifest_digest),
+            started.elapsed().as_secs_f64(),
+            rootfs.entries,
+            rootfs.bytes >> 20
+        );
+    }
+    Ok(rootfs)
 }
 
 /// `mvm image ...`; prints what was done.
@@ -129,9 +164,13 @@ pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
                     "'{source}' is not an image source: use oci:DIR[:TAG] or docker-archive:FILE"
                 )));
             };
-            let image = store()?
+            let store = store()?;
+            let image = store
                 .import(&source, name.as_deref(), &mut TerminalProgress::new())
                 .map_err(setup_failure)?;
+            // Converted now, like `docker pull` unpacks: the first run
+            // does not pay for it.
+            convert(&store, &image)?;
             println!(
                 "{} {} ({} blobs copied, {} bytes)",
                 image.name.as_deref().unwrap_or("<none>"),

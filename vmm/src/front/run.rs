@@ -75,8 +75,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub virtiofsd: Option<PathBuf>,
     /// Run the command as root in the guest (default: your own uid and gid)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "user")]
     pub root: bool,
+    /// Run the command as USER[:GROUP] of the guest's root: names are
+    /// looked up in its /etc/passwd and /etc/group (e.g. an image's own
+    /// user), numbers taken as they are [default: your own uid and gid]
+    #[arg(short, long, value_name = "USER[:GROUP]")]
+    pub user: Option<String>,
     /// Most processes the command's user may have in the guest
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub max_procs: u64,
@@ -524,6 +529,7 @@ fn exec_request(
         cols,
         max_procs: args.max_procs,
         user_name: (image_root && uid != 0).then(login_name),
+        user: args.user.clone(),
     })
 }
 
