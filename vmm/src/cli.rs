@@ -25,6 +25,9 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process and moved once: the size of the largest
+// variant costs nothing worth boxing it for.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Boot a kernel and initramfs, streaming the guest console to stdout
