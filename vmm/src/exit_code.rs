@@ -33,7 +33,8 @@ Exit status:
   123   the VMM failed while the guest was running
   124   the command did not finish within --timeout
   125   mvm could not start the VM (bad flag, missing kernel, memory too
-        small, a shared directory missing or unreadable, no virtiofsd), or
-        guest-init could not (a share it could not mount)
+        small, a shared directory missing or unreadable, no virtiofsd, an
+        image that is unknown, damaged or cannot be converted), or
+        guest-init could not (a share or the image root it could not mount)
   126   the command was found in the guest but could not be executed
   127   the command was not found in the guest";

@@ -1,0 +1,155 @@
+//! `mvm image` and `--image` when something is wrong: one line on stderr
+//! that says what to do, exit 125, and the store left as it was. These
+//! run the real binary on images written here; none needs a VM.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sha2::{Digest, Sha256};
+
+const SETUP_FAILED: i32 = 125;
+
+fn mvm(store: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mvm"))
+        .args(args)
+        .env("MVM_IMAGES", store)
+        .env("MVM_ALLOW_SOFTWARE_KVM", "1")
+        .output()
+        .expect("run mvm")
+}
+
+fn one_line(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(SETUP_FAILED), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr}");
+    assert!(
+        stderr.starts_with("mvm: ") && stderr.contains(needle),
+        "expected {needle:?} in: {stderr}"
+    );
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mvm-image-cli-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn sha(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Every file under `dir`, relative, sorted: what "unchanged" compares.
+fn files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// An OCI layout with one layer of `zero_blocks` 512-byte zero blocks (an
+/// empty tar; the count makes the digest differ); `corrupt` stores the
+/// layer under its digest with one byte changed.
+fn layout(dir: &Path, zero_blocks: usize, corrupt: bool) {
+    let blobs = dir.join("blobs/sha256");
+    fs::create_dir_all(&blobs).unwrap();
+    let put = |bytes: &[u8]| {
+        let d = sha(bytes);
+        fs::write(blobs.join(&d), bytes).unwrap();
+        (d, bytes.len())
+    };
+    let layer = vec![0u8; 512 * zero_blocks];
+    let (ld, ls) = (sha(&layer), layer.len());
+    let mut stored = layer.clone();
+    if corrupt {
+        stored[0] = 1;
+    }
+    fs::write(blobs.join(&ld), &stored).unwrap();
+    let config = format!(
+        r#"{{"architecture":"amd64","os":"linux","config":{{}},"rootfs":{{"type":"layers","diff_ids":["sha256:{ld}"]}}}}"#
+    );
+    let (cd, cs) = put(config.as_bytes());
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:{cd}","size":{cs}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:{ld}","size":{ls}}}]}}"#
+    );
+    let (md, ms) = put(manifest.as_bytes());
+    fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    fs::write(
+        dir.join("index.json"),
+        format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{md}","size":{ms},"annotations":{{"org.opencontainers.image.ref.name":"t"}}}}]}}"#
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_damaged_layer_is_one_line_and_leaves_the_store_as_it_was() {
+    let dir = scratch("damaged");
+    let store = dir.join("store");
+    // Positive control: the same layout undamaged imports and converts.
+    layout(&dir.join("good"), 2, false);
+    let good = format!("oci:{}:t", dir.join("good").display());
+    let out = mvm(&store, &["image", "import", &good, "--name", "good"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = files(&store);
+    assert!(
+        before.iter().any(|f| f.starts_with("rootfs/")),
+        "{before:?}"
+    );
+
+    // Another layer (a blob the store has is not read again, rightly).
+    layout(&dir.join("bad"), 3, true);
+    let bad = format!("oci:{}:t", dir.join("bad").display());
+    let out = mvm(&store, &["image", "import", &bad, "--name", "bad"]);
+    one_line(&out, "digest");
+    assert_eq!(files(&store), before, "the store changed");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_images_and_sources() {
+    let dir = scratch("unknown");
+    let store = dir.join("store");
+    one_line(&mvm(&store, &["image", "rm", "nosuch"]), "nosuch");
+    one_line(
+        &mvm(&store, &["image", "import", "oci:/nonexistent/layout"]),
+        "/nonexistent/layout",
+    );
+    one_line(&mvm(&store, &["image", "import", "nosuch"]), "oci:DIR");
+    one_line(
+        &mvm(&store, &["run", "--image", "nosuch", "--", "true"]),
+        "nosuch",
+    );
+    one_line(
+        &mvm(
+            &store,
+            &["run", "--rootfs", "/nonexistent.erofs", "--", "true"],
+        ),
+        "--rootfs",
+    );
+    one_line(
+        &mvm(&store, &["run", "--scratch", "1G", "--", "true"]),
+        "--image or --rootfs",
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
