@@ -12,6 +12,9 @@
 #   build/share/mvm/images/debian  the default guest image: Debian bookworm
 #                                  as an OCI image layout, tag debian-bookworm
 #                                  (rootfs/debian/build.sh, docs/images.md)
+#   build/share/mvm/images/debian.erofs  its root filesystem, converted by
+#                                  mvm (+ .json: its run config), which
+#                                  `mvm run --image default` boots
 #   build/testhost/                test-host kernel and initramfs
 
 export MVM_CACHE ?= $(HOME)/.cache/mvm
@@ -29,11 +32,12 @@ VIRTIOFSD := build/libexec/mvm/virtiofsd
 KERNEL   := $(SHARE)/vmlinux
 INITRAMFS := $(SHARE)/initramfs.cpio
 IMAGE    := $(SHARE)/images/debian
+IMAGE_ROOT := $(SHARE)/images/debian.erofs
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
 .PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-confine clean
-all: $(MVM) $(VIRTIOFSD) $(KERNEL) $(INITRAMFS) $(IMAGE) $(TH_KERNEL) $(TH_INITRAMFS)
+all: $(MVM) $(VIRTIOFSD) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -68,6 +72,13 @@ $(INITRAMFS): $(RELEASE)/mvm-init rootfs/build.sh build/.deps
 # a copy. The script touches the directory, so make sees it up to date.
 $(IMAGE): rootfs/debian/build.sh rootfs/debian/packages build/.deps
 	rootfs/debian/build.sh $@
+
+# Its root filesystem, converted by mvm itself through a throwaway store
+# (a few seconds), so that no run converts it and none needs a store.
+$(IMAGE_ROOT): $(IMAGE) $(MVM)
+	@store=$$(mktemp -d) && \
+	    MVM_IMAGES=$$store $(MVM) image export-root oci:$(IMAGE):debian-bookworm $@ >/dev/null; \
+	    status=$$?; rm -rf "$$store"; exit $$status
 
 $(TH_INITRAMFS): tests/testhost/build-initramfs.sh tests/testhost/init.sh build/.deps
 	tests/testhost/build-initramfs.sh $@

@@ -42,6 +42,16 @@ pub enum ImageCommand {
         #[arg(value_name = "IMAGE")]
         reference: String,
     },
+    /// Convert an image (a source or a stored IMAGE) to its root
+    /// filesystem as a plain EROFS file FILE, with its run config in
+    /// FILE.json: what `mvm run --rootfs FILE` boots, and how `make`
+    /// prepares the default image
+    ExportRoot {
+        #[arg(value_name = "IMAGE")]
+        reference: String,
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
     /// Pull an image from a registry (HOST[:PORT]/NAME:TAG): not built yet
     Pull {
         #[arg(value_name = "REF")]
@@ -77,6 +87,11 @@ fn names_a_registry(reference: &str) -> bool {
 /// `mvm run --image REF`: the image imported (a source) or found, then
 /// its root converted (once; later runs take the cached one).
 pub fn prepare(reference: &str) -> Result<Prepared, Failure> {
+    if reference == DEFAULT_IMAGE {
+        if let Some((rootfs, config)) = super::root_file::default_root()? {
+            return Ok(Prepared { rootfs, config });
+        }
+    }
     let store = store()?;
     let mut progress = TerminalProgress::new();
     let image = if reference == DEFAULT_IMAGE {
@@ -203,6 +218,23 @@ pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
         ImageCommand::Rm { reference } => {
             store()?.remove(reference).map_err(setup_failure)?;
             println!("removed {reference}");
+        }
+        ImageCommand::ExportRoot { reference, file } => {
+            let store = store()?;
+            let mut progress = TerminalProgress::new();
+            let image = match ImageSource::parse(reference).map_err(setup_failure)? {
+                Some(source) => store.import(&source, None, &mut progress),
+                None => store.find(reference),
+            }
+            .map_err(setup_failure)?;
+            let rootfs = convert(&store, &image)?;
+            super::root_file::export(&rootfs.path, &image.config, &image.manifest_digest, file)?;
+            println!(
+                "{} {} -> {}",
+                image.name.as_deref().unwrap_or("<none>"),
+                image.manifest_digest,
+                file.display()
+            );
         }
         ImageCommand::Pull { reference } => return Err(not_built_yet(reference)),
     }

@@ -7,6 +7,7 @@
 pub mod boot;
 mod failure;
 pub mod image;
+mod root_file;
 pub mod run;
 mod stats;
 mod vm_args;
