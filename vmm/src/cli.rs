@@ -25,6 +25,9 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process and moved into its handler: the size of the
+// larger variant costs nothing worth boxing the arguments for.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Boot a kernel and initramfs, streaming the guest console to stdout
