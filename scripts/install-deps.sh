@@ -10,9 +10,11 @@
 #   skopeo: the e2e suite's docker-archive of its test image is written by
 #     a real peer tool, not by mvm (tests/e2e/images/make-test-image.sh)
 #   erofs-utils: fsck.erofs checks the images the image crate writes
+#   docker-registry: the distribution registry the e2e suite pulls from
+#     (tests/e2e/registry.rs starts its own on 127.0.0.1)
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils)
+    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils docker-registry)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
