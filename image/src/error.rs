@@ -69,6 +69,14 @@ pub enum Error {
         field: &'static str,
     },
 
+    /// A registry's answer, or its silence, as one line with the fix.
+    #[error("registry {host}: {why}")]
+    Registry { host: String, why: String },
+
+    /// An auth file that cannot be used (never quotes its contents).
+    #[error("{why}")]
+    Auth { why: String },
+
     #[error("image store {}: {why}", dir.display())]
     Store { dir: PathBuf, why: String },
 }

@@ -37,12 +37,14 @@ mod flatten;
 mod limits;
 mod manifest;
 mod progress;
+mod registry;
 mod source;
 mod store;
 
 pub use error::Error;
 pub use limits::Limits;
 pub use progress::{NoProgress, Progress, TerminalProgress};
+pub use registry::{names_a_registry, PullOptions, CONNECT_TIMEOUT, READ_TIMEOUT};
 pub use source::ImageSource;
 pub use store::Store;
 

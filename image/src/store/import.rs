@@ -34,7 +34,7 @@ impl Store {
         result
     }
 
-    fn import_from(
+    pub(super) fn import_from(
         &self,
         src: &dyn Blobs,
         name: Option<String>,
@@ -127,7 +127,7 @@ impl Store {
         })
     }
 
-    fn commit(
+    pub(super) fn commit(
         &self,
         pending: Vec<(String, TempFile)>,
         present: &[String],

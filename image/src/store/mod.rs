@@ -4,6 +4,7 @@
 mod blobs;
 mod import;
 mod names;
+mod pull;
 mod rootfs;
 mod tmp;
 
@@ -149,7 +150,7 @@ impl Store {
     }
 
     /// The manifest, config and layer digests of a stored image.
-    fn blobs_of(&self, manifest: &str) -> Result<Vec<String>, Error> {
+    pub(super) fn blobs_of(&self, manifest: &str) -> Result<Vec<String>, Error> {
         let m = parse_manifest(&self.read_small(manifest)?, manifest)?;
         let mut all = vec![manifest.to_string(), m.config.digest];
         all.extend(m.layers.into_iter().map(|l| l.digest));

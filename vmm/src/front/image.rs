@@ -1,13 +1,15 @@
 //! `mvm image import|ls|rm|pull` and what `mvm run --image REF` needs from
 //! the image store (docs/images.md): REF imported if it names a source,
-//! found in the store otherwise, and converted to an EROFS root on first
-//! use. Every failure is one line and exit 125 with the store unchanged
+//! found in the store otherwise (pulled if it names a registry and is not
+//! there), and converted to an EROFS root on first use. Every failure is one line and exit 125 with the store unchanged
 //! (the store's own rule, crates' `mvm-image`).
 
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use mvm_image::{Image, ImageConfig, ImageSource, Limits, Store, TerminalProgress};
+use mvm_image::{
+    names_a_registry, Image, ImageConfig, ImageSource, Limits, PullOptions, Store, TerminalProgress,
+};
 
 use super::{beside_binary, setup_failure, Failure};
 
@@ -52,10 +54,17 @@ pub enum ImageCommand {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
-    /// Pull an image from a registry (HOST[:PORT]/NAME:TAG): not built yet
+    /// Pull an image from a registry: HOST[:PORT]/NAME[:TAG] or
+    /// HOST[:PORT]/NAME@sha256:DIGEST (linux/amd64). Credentials come from
+    /// the docker/podman auth files; blobs already stored are not fetched
+    /// again; the image is named HOST[:PORT]/NAME:TAG in the store
     Pull {
         #[arg(value_name = "REF")]
         reference: String,
+        /// Speak plain HTTP to this registry (HOST[:PORT]); repeatable,
+        /// and added to $MVM_INSECURE_REGISTRIES (comma-separated)
+        #[arg(long, value_name = "HOST[:PORT]")]
+        insecure_registry: Vec<String>,
     },
 }
 
@@ -70,23 +79,23 @@ fn store() -> Result<Store, Failure> {
     Store::open(&root).map_err(setup_failure)
 }
 
-fn not_built_yet(reference: &str) -> Failure {
-    setup_failure(format!(
-        "pulling '{reference}' from a registry is not built yet: save it with `docker save` or `skopeo copy ... oci:DIR` and run `mvm image import docker-archive:FILE` (or oci:DIR)"
-    ))
+/// Pulls REF. The client's tokio runtime lives inside `Store::pull` and is
+/// gone when it returns: nothing of it is left when the VMM starts its
+/// threads and confines them.
+fn pull(store: &Store, reference: &str, insecure: &[String]) -> Result<Image, Failure> {
+    let mut opts = PullOptions::from_env().map_err(setup_failure)?;
+    opts.insecure.extend(insecure.iter().cloned());
+    store
+        .pull(reference, &opts, &mut TerminalProgress::new())
+        .map_err(setup_failure)
 }
 
-/// Whether REF looks like a registry reference (its first component is a
-/// host: it has a dot or a port, or is localhost).
-fn names_a_registry(reference: &str) -> bool {
-    reference.split_once('/').is_some_and(|(first, _)| {
-        first.contains('.') || first.contains(':') || first == "localhost"
-    })
-}
-
-/// `mvm run --image REF`: the image imported (a source) or found, then
-/// its root converted (once; later runs take the cached one).
-pub fn prepare(reference: &str) -> Result<Prepared, Failure> {
+/// `mvm run --image REF`: the image imported (a source) or found, else
+/// pulled if REF names a registry, then its root converted (once; later
+/// runs take the cached one). A registry image already in the store is
+/// used as it is, with no network and no client started: `mvm image pull`
+/// refreshes it.
+pub fn prepare(reference: &str, insecure: &[String]) -> Result<Prepared, Failure> {
     if reference == DEFAULT_IMAGE {
         if let Some((rootfs, config)) = super::root_file::default_root()? {
             return Ok(Prepared { rootfs, config });
@@ -103,7 +112,9 @@ pub fn prepare(reference: &str) -> Result<Prepared, Failure> {
     } else {
         match store.find(reference) {
             Ok(image) => image,
-            Err(_) if names_a_registry(reference) => return Err(not_built_yet(reference)),
+            // A digest reference (HOST/NAME@sha256:..) is not a store name:
+            // `pull` finds it in the store itself, with no request.
+            Err(_) if names_a_registry(reference) => pull(&store, reference, insecure)?,
             Err(e) => return Err(setup_failure(e)),
         }
     };
@@ -236,7 +247,19 @@ pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
                 file.display()
             );
         }
-        ImageCommand::Pull { reference } => return Err(not_built_yet(reference)),
+        ImageCommand::Pull {
+            reference,
+            insecure_registry,
+        } => {
+            let image = pull(&store()?, reference, insecure_registry)?;
+            println!(
+                "{} {} ({} blobs copied, {} bytes)",
+                image.name.as_deref().unwrap_or("<none>"),
+                image.manifest_digest,
+                image.imported.blobs_copied,
+                image.imported.bytes_copied
+            );
+        }
     }
     Ok(0)
 }

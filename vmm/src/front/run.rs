@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// --no-workspace), Entrypoint and Cmd apply as in `docker run`
     #[arg(long, value_name = "REF", conflicts_with = "rootfs")]
     pub image: Option<String>,
+    /// Pull --image over plain HTTP from this registry (HOST[:PORT]);
+    /// repeatable, added to $MVM_INSECURE_REGISTRIES
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
     /// Boot with this EROFS image (a file) as the guest's read-only root,
     /// under the same writable overlay as --image
     #[arg(long, value_name = "FILE")]
@@ -121,7 +125,7 @@ pub fn run(
     let image = run
         .image
         .as_deref()
-        .map(super::image::prepare)
+        .map(|r| super::image::prepare(r, &run.insecure_registry))
         .transpose()?;
     let rootfs = image
         .as_ref()
