@@ -64,6 +64,8 @@ fn imported() -> &'static () {
         std::fs::create_dir_all(&dir).unwrap();
         let status = Command::new(repo_root().join("tests/e2e/images/make-test-image.sh"))
             .arg(dir.join("layers"))
+            // Its stdout is the manifest digest, not wanted in the test log.
+            .stdout(std::process::Stdio::null())
             .status()
             .expect("run make-test-image.sh");
         assert!(status.success(), "make-test-image.sh failed");
