@@ -8,6 +8,8 @@ use std::process::{Command, Output};
 
 use sha2::{Digest, Sha256};
 
+mod common;
+
 const SETUP_FAILED: i32 = 125;
 
 fn mvm(store: &Path, args: &[&str]) -> Output {
@@ -152,4 +154,41 @@ fn unknown_images_and_sources() {
         "--image or --rootfs",
     );
     let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_full_disk_is_one_line_and_leaves_nothing_half_written() {
+    let dir = scratch("full");
+    let disk = dir.join("disk");
+    fs::create_dir_all(&disk).unwrap();
+    // A 2 MiB tmpfs for the store: only root may mount one.
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2M", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        let _ = fs::remove_dir_all(&dir);
+        return common::skip_or_fail(
+            "a_full_disk_is_one_line_and_leaves_nothing_half_written",
+            "cannot mount a small tmpfs for the store (needs root)",
+        );
+    }
+    let store = disk.join("store");
+    // Control: a small image fits.
+    layout(&dir.join("small"), 2, false);
+    let small = format!("oci:{}:t", dir.join("small").display());
+    let out = mvm(&store, &["image", "import", &small, "--name", "small"]);
+    let fits = out.status.code() == Some(0);
+    let before = files(&store);
+    // A 4 MiB layer cannot fit.
+    layout(&dir.join("big"), 8192, false);
+    let big = format!("oci:{}:t", dir.join("big").display());
+    let full = mvm(&store, &["image", "import", &big, "--name", "big"]);
+    let after = files(&store);
+    let _ = Command::new("umount").arg(&disk).status();
+    let _ = fs::remove_dir_all(&dir);
+    assert!(fits, "{}", String::from_utf8_lossy(&out.stderr));
+    one_line(&full, "no space left");
+    assert_eq!(after, before, "the store changed");
 }
