@@ -65,6 +65,10 @@ pub struct FsShare {
 pub struct VsockConfig {
     pub cid: u64,
     pub uds_path: PathBuf,
+    /// Host ports the guest may connect to, each served by a Unix socket
+    /// whose listener takes one stream per guest connection (e.g. the
+    /// egress proxy's); empty: the guest can open nothing.
+    pub guest_ports: Vec<mvm_devices::virtio::vsock::GuestPort>,
 }
 
 /// Parses "512M", "1G", "1024K", "2g", "268435456" (bytes), "512MiB".

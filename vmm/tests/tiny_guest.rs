@@ -167,6 +167,7 @@ fn saved_devices_rebuild_an_identical_device_set_and_a_foreign_one_is_refused() 
     cfg.vsock = Some(VsockConfig {
         cid: 3,
         uds_path: dir.as_path().join("a.sock"),
+        guest_ports: Vec::new(),
     });
     let out = Captured::default();
     let mut machine = boot::boot(&cfg, ConsoleOutput::new(Box::new(out.clone()))).unwrap();
@@ -208,6 +209,7 @@ fn saved_devices_rebuild_an_identical_device_set_and_a_foreign_one_is_refused() 
     other_cid.vsock = Some(VsockConfig {
         cid: 4,
         uds_path: dir.as_path().join("c.sock"),
+        guest_ports: Vec::new(),
     });
     assert!(
         machine::with_saved_devices(&other_cid, ConsoleOutput::new(Box::new(io::sink())), &saved)
@@ -353,6 +355,7 @@ fn a_snapshot_restores_into_a_new_machine_that_carries_on_where_the_old_one_was_
     cfg.vsock = Some(VsockConfig {
         cid: 3,
         uds_path: dir.as_path().join("a.sock"),
+        guest_ports: Vec::new(),
     });
 
     let out_a = Captured::default();

@@ -82,6 +82,16 @@ pub fn allow_snapshots() {
     SNAPSHOTS.store(true, Ordering::SeqCst);
 }
 
+/// This run serves guest-initiated vsock connections (a guest port, e.g.
+/// the egress proxy's): the vmm thread connects one Unix socket per
+/// connection. Unix sockets only, never another family. Set before
+/// confinement.
+static GUEST_CONNECTIONS: AtomicBool = AtomicBool::new(false);
+
+pub fn allow_guest_connections() {
+    GUEST_CONNECTIONS.store(true, Ordering::SeqCst);
+}
+
 pub fn allow_killing_groups(groups: &[libc::pid_t]) {
     if let Ok(mut g) = HELPER_GROUPS.lock() {
         g.extend_from_slice(groups);
@@ -221,6 +231,15 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
                 .map_err(build)?;
             rules.insert(libc::SYS_kill, kills);
         }
+    }
+    if kind == ThreadKind::Vmm && GUEST_CONNECTIONS.load(Ordering::SeqCst) {
+        // The vsock device connecting a guest's connection to its port's
+        // Unix socket (devices/src/virtio/vsock/unix_connect.rs).
+        rules.insert(
+            libc::SYS_socket,
+            arg_is_one_of(0, &[libc::AF_UNIX as u64]).map_err(build)?,
+        );
+        rules.insert(libc::SYS_connect, Vec::new());
     }
     if kind == ThreadKind::Session {
         // The exec client's sockets are Unix sockets (to the vsock

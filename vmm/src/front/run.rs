@@ -183,6 +183,7 @@ fn run_in_vm(
     config.vsock = Some(VsockConfig {
         cid: GUEST_CID,
         uds_path: dir.vsock_path(),
+        guest_ports: Vec::new(),
     });
     // Declared after `dir`, so dropped before it: the helpers are killed
     // and reaped before their sockets' directory goes.

@@ -60,7 +60,7 @@ pub fn create(
         block::attach_root_disk(&mut env, disk)?;
     }
     if let Some(vsock) = &config.vsock {
-        vsock::attach_vsock(&mut env, vsock.cid, &vsock.uds_path)?;
+        vsock::attach_vsock(&mut env, vsock.cid, &vsock.uds_path, &vsock.guest_ports)?;
     }
     for share in &config.shares {
         let stop = stop.clone();

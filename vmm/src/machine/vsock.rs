@@ -15,7 +15,14 @@ pub fn vsock_id(cid: u64) -> String {
     format!("vsock-{cid}")
 }
 
-pub fn attach_vsock(env: &mut DeviceEnv, cid: u64, uds_path: &Path) -> Result<(), Error> {
+/// `guest_ports`: the host ports the guest may connect to (each served by
+/// a Unix socket); empty for none.
+pub fn attach_vsock(
+    env: &mut DeviceEnv,
+    cid: u64,
+    uds_path: &Path,
+    guest_ports: &[vsock::GuestPort],
+) -> Result<(), Error> {
     let shown = uds_path.display().to_string();
     let listener = UnixListener::bind(uds_path).map_err(|e| match e.kind() {
         io::ErrorKind::AddrInUse => Error::VsockSocketExists(shown.clone()),
@@ -30,7 +37,7 @@ pub fn attach_vsock(env: &mut DeviceEnv, cid: u64, uds_path: &Path) -> Result<()
         signaller: Signaller::Device,
     };
     attach_virtio(env, spec, |wiring| {
-        let (device, handler) = vsock::new(cid, listener, wiring.queue_evts)?;
+        let (device, handler) = vsock::new(cid, listener, wiring.queue_evts, guest_ports.to_vec())?;
         Ok((device, Box::new(handler)))
     })
     .map(|_| ())

@@ -1,5 +1,9 @@
-//! One host-initiated connection: a host client's Unix stream on one side,
-//! a guest vsock socket on the other, and the protocol state between them.
+//! One connection: a host client's Unix stream on one side, a guest vsock
+//! socket on the other, and the protocol state between them. Most are
+//! host-initiated (a client connected to the device's socket and named a
+//! guest port); a guest-initiated one, to a port the VMM was told to
+//! serve, is accepted with a stream the device connected itself
+//! ([`Connection::accepted`]).
 //!
 //! Data from the client is read straight into guest RX buffers, never
 //! buffered here, and only as much as the guest has credit for
@@ -50,6 +54,8 @@ enum State {
 struct Owed {
     rst: bool,
     request: bool,
+    /// The OP_RESPONSE that accepts a guest-initiated connection.
+    response: bool,
     /// OP_SHUTDOWN flags; 0 for none.
     shutdown: u32,
     credit_request: bool,
@@ -58,7 +64,12 @@ struct Owed {
 
 impl Owed {
     fn any(&self) -> bool {
-        self.rst || self.request || self.shutdown != 0 || self.credit_request || self.credit_update
+        self.rst
+            || self.request
+            || self.response
+            || self.shutdown != 0
+            || self.credit_request
+            || self.credit_update
     }
 }
 
@@ -144,6 +155,25 @@ impl Connection {
             client_gone: false,
             client_write_shut: false,
         }
+    }
+
+    /// A guest-initiated connection from `guest_port` to `host_port` whose
+    /// host side is `stream` (already connected): established at once, the
+    /// guest's REQUEST (`hdr`) carrying its credit, and an OP_RESPONSE owed.
+    pub(super) fn accepted(
+        stream: UnixStream,
+        guest_cid: u64,
+        host_port: u32,
+        guest_port: u32,
+        hdr: GuestHeader,
+    ) -> Self {
+        let mut conn = Self::new(stream, guest_cid, host_port);
+        conn.guest_port = Some(guest_port);
+        conn.state = State::Established;
+        conn.peer_buf_alloc = hdr.buf_alloc;
+        conn.peer_fwd_cnt = Wrapping(hdr.fwd_cnt);
+        conn.owed.response = true;
+        conn
     }
 
     pub(super) fn stream(&self) -> &UnixStream {
@@ -445,6 +475,13 @@ impl Connection {
         if self.owed.request {
             self.owed.request = false;
             let r = self.reply(OP_REQUEST, 0, 0);
+            header::write(pkt, &r);
+            return Some(0);
+        }
+        if self.owed.response {
+            // First, before any data: the guest's connect() returns on it.
+            self.owed.response = false;
+            let r = self.reply(OP_RESPONSE, 0, 0);
             header::write(pkt, &r);
             return Some(0);
         }

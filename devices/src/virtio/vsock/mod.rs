@@ -12,9 +12,12 @@
 //! neither a slow guest nor a slow client makes the VMM buffer more than
 //! [`defs::CONN_BUF_SIZE`] per connection.
 //!
-//! Only the host opens connections. Guest OP_REQUESTs are refused with
-//! OP_RST: the sandbox offers the guest no channel to the host beyond the
-//! ones the host opens.
+//! The host opens connections, except to the ports the VMM serves for
+//! the guest ([`GuestPort`], e.g. the egress proxy's): a guest OP_REQUEST
+//! to one of those is accepted when the device can connect to that port's
+//! Unix socket, one stream per guest connection. Every other guest
+//! OP_REQUEST is refused with OP_RST: the guest gets no channel to the
+//! host but those.
 //!
 //! Threads: the [`Vsock`] half sits behind the MMIO transport (vCPU
 //! threads); the [`VsockHandler`] half is an event-loop subscriber that
@@ -27,6 +30,8 @@
 mod connection;
 pub mod defs;
 mod device;
+#[cfg(test)]
+mod guest_port_tests;
 mod handler;
 mod handshake;
 mod header;
@@ -35,6 +40,7 @@ mod muxer;
 mod test_driver;
 #[cfg(test)]
 mod tests;
+mod unix_connect;
 
 use std::io;
 use std::os::unix::net::UnixListener;
@@ -44,6 +50,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use device::Vsock;
 pub use handler::VsockHandler;
+pub use muxer::GuestPort;
 
 use defs::{CID_ANY, HOST_CID, QUEUE_COUNT};
 use device::Shared;
@@ -64,11 +71,13 @@ pub enum Error {
 /// The device (for the MMIO transport) and its event-loop handler (for the
 /// VMM's event loop). `listener` is the bound Unix socket host clients
 /// connect to; `queue_evts` (rx, tx, event) are the eventfds the queue
-/// notifications arrive on.
+/// notifications arrive on; `guest_ports` the host ports the guest may
+/// connect to, each served by a Unix socket (none: today's sandbox).
 pub fn new(
     guest_cid: u64,
     listener: UnixListener,
     queue_evts: Vec<EventFd>,
+    guest_ports: Vec<GuestPort>,
 ) -> Result<(Vsock, VsockHandler), Error> {
     if guest_cid <= HOST_CID || guest_cid >= CID_ANY {
         return Err(Error::InvalidCid(guest_cid));
@@ -84,6 +93,12 @@ pub fn new(
         shared.clone(),
         wake.try_clone().map_err(Error::EventFd)?,
     );
-    let handler = VsockHandler::new(shared, wake, queue_evts, listener, Muxer::new(guest_cid));
+    let handler = VsockHandler::new(
+        shared,
+        wake,
+        queue_evts,
+        listener,
+        Muxer::new(guest_cid, guest_ports),
+    );
     Ok((device, handler))
 }

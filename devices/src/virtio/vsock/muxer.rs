@@ -3,13 +3,20 @@
 //! that match no connection, and keeps each client socket's epoll
 //! registration in line with what its connection wants.
 //!
-//! Only host-initiated connections exist. A guest OP_REQUEST is answered
-//! with OP_RST: the sandbox gives the guest no way to open a channel to the
-//! host, so nothing on the host side ever listens for one.
+//! Connections are host-initiated, except on the ports the VMM was told
+//! to serve for the guest ([`GuestPort`]: e.g. the egress proxy's): a
+//! guest OP_REQUEST to one of those is accepted if the device can connect
+//! to that port's Unix socket. Every other guest OP_REQUEST is answered
+//! with OP_RST: the guest gets no channel to the host but those.
+//!
+//! Keys: a host-initiated connection's host port is unique (allocated
+//! here), so it is the key; the connections of one served port share it,
+//! and are told apart by the guest's port: [`key`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 
 use event_manager::{EventOps, EventSet, Events};
 use virtio_vsock::packet::VsockPacket;
@@ -17,9 +24,25 @@ use vm_memory::bitmap::BitmapSlice;
 
 use super::connection::{Connection, GuestHeader};
 use super::defs::{
-    FIRST_HOST_PORT, HOST_CID, MAX_CONNECTIONS, MAX_STRAY_REPLIES, OP_RST, TYPE_STREAM,
+    FIRST_HOST_PORT, HOST_CID, MAX_CONNECTIONS, MAX_STRAY_REPLIES, OP_REQUEST, OP_RST, TYPE_STREAM,
 };
 use super::header::{self, Reply};
+use super::unix_connect::connect_nonblocking;
+
+/// A host port the guest may connect to, and the Unix socket whose
+/// listener serves it (one stream per guest connection, like
+/// Firecracker's `uds_path_PORT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestPort {
+    pub port: u32,
+    pub socket: PathBuf,
+}
+
+/// The connection table's key: the host port above, the guest port below
+/// (0 for host-initiated connections, whose host port alone is unique).
+fn key(host_port: u32, guest_port: u32) -> u64 {
+    (u64::from(host_port) << 32) | u64::from(guest_port)
+}
 
 /// An RST owed for a packet that matched no connection.
 #[derive(Debug, Clone, Copy)]
@@ -32,19 +55,21 @@ struct Stray {
 #[derive(Debug)]
 pub(super) struct Muxer {
     guest_cid: u64,
-    /// By host port.
-    conns: BTreeMap<u32, Connection>,
-    /// Client socket to host port.
-    by_fd: HashMap<RawFd, u32>,
+    /// By [`key`].
+    conns: BTreeMap<u64, Connection>,
+    /// Client socket to key.
+    by_fd: HashMap<RawFd, u64>,
     stray: VecDeque<Stray>,
     next_port: u32,
-    /// Host port from which the next RX buffer is offered: round robin, so
-    /// one busy connection cannot starve the others.
-    rr_next: u32,
+    /// Key from which the next RX buffer is offered: round robin, so one
+    /// busy connection cannot starve the others.
+    rr_next: u64,
+    /// The ports guest-initiated connections may reach.
+    guest_ports: Vec<GuestPort>,
 }
 
 impl Muxer {
-    pub(super) fn new(guest_cid: u64) -> Self {
+    pub(super) fn new(guest_cid: u64, guest_ports: Vec<GuestPort>) -> Self {
         Self {
             guest_cid,
             conns: BTreeMap::new(),
@@ -52,7 +77,12 @@ impl Muxer {
             stray: VecDeque::new(),
             next_port: FIRST_HOST_PORT,
             rr_next: 0,
+            guest_ports,
         }
+    }
+
+    fn served(&self, host_port: u32) -> Option<&GuestPort> {
+        self.guest_ports.iter().find(|g| g.port == host_port)
     }
 
     pub(super) fn connection_count(&self) -> usize {
@@ -65,7 +95,7 @@ impl Muxer {
         loop {
             let port = self.next_port;
             self.next_port = port.checked_add(1).unwrap_or(FIRST_HOST_PORT);
-            if !self.conns.contains_key(&port) {
+            if !self.conns.contains_key(&key(port, 0)) && self.served(port).is_none() {
                 return port;
             }
         }
@@ -86,8 +116,30 @@ impl Muxer {
             return;
         }
         conn.epoll = Some(interest);
-        self.by_fd.insert(conn.fd(), port);
-        self.conns.insert(port, conn);
+        self.by_fd.insert(conn.fd(), key(port, 0));
+        self.conns.insert(key(port, 0), conn);
+    }
+
+    /// A guest OP_REQUEST to a served port: connected to its socket and
+    /// accepted, or refused (no listener, its backlog full, too many
+    /// connections) with an RST like any other. The new stream is put in
+    /// epoll by the next `sync_epoll`.
+    fn accept_guest(&mut self, host_port: u32, guest_port: u32, hdr: GuestHeader) -> bool {
+        let Some(served) = self.served(host_port) else {
+            return false;
+        };
+        if self.conns.len() >= MAX_CONNECTIONS
+            || self.conns.contains_key(&key(host_port, guest_port))
+        {
+            return false;
+        }
+        let Ok(stream) = connect_nonblocking(&served.socket) else {
+            return false;
+        };
+        let conn = Connection::accepted(stream, self.guest_cid, host_port, guest_port, hdr);
+        self.by_fd.insert(conn.fd(), key(host_port, guest_port));
+        self.conns.insert(key(host_port, guest_port), conn);
+        true
     }
 
     /// Whether `fd` is a client socket of ours.
@@ -113,25 +165,36 @@ impl Muxer {
             buf_alloc: pkt.buf_alloc(),
             fwd_cnt: pkt.fwd_cnt(),
         };
-        let conn = self
+        let served = self.served(pkt.dst_port()).is_some();
+        let k = key(pkt.dst_port(), if served { pkt.src_port() } else { 0 });
+        let known = self
             .conns
-            .get_mut(&pkt.dst_port())
-            .filter(|c| c.guest_port() == Some(pkt.src_port()));
-        match conn {
-            Some(conn) if pkt.type_() == TYPE_STREAM => conn.on_guest_packet(hdr, pkt.data_slice()),
-            // Never answer an RST, or two peers could bounce them for ever.
-            _ if hdr.op == OP_RST => {}
-            // A guest-initiated REQUEST, a packet for a connection that is
-            // gone or never was, a socket type we do not do: refused.
-            _ => {
-                if self.stray.len() < MAX_STRAY_REPLIES {
-                    self.stray.push_back(Stray {
-                        host_port: pkt.dst_port(),
-                        guest_port: pkt.src_port(),
-                        type_: pkt.type_(),
-                    });
-                }
+            .get(&k)
+            .is_some_and(|c| c.guest_port() == Some(pkt.src_port()));
+        if known && pkt.type_() == TYPE_STREAM {
+            if let Some(conn) = self.conns.get_mut(&k) {
+                conn.on_guest_packet(hdr, pkt.data_slice());
             }
+            return;
+        }
+        // Never answer an RST, or two peers could bounce them for ever.
+        if hdr.op == OP_RST {
+            return;
+        }
+        let accepted = !known
+            && served
+            && hdr.op == OP_REQUEST
+            && pkt.type_() == TYPE_STREAM
+            && self.accept_guest(pkt.dst_port(), pkt.src_port(), hdr);
+        // A REQUEST to a port nobody serves (or that could not be
+        // connected), a packet for a connection that is gone or never was,
+        // a socket type we do not do: refused.
+        if !accepted && self.stray.len() < MAX_STRAY_REPLIES {
+            self.stray.push_back(Stray {
+                host_port: pkt.dst_port(),
+                guest_port: pkt.src_port(),
+                type_: pkt.type_(),
+            });
         }
     }
 
@@ -158,7 +221,7 @@ impl Muxer {
             );
             return Some(0);
         }
-        let order: Vec<u32> = self
+        let order: Vec<u64> = self
             .conns
             .range(self.rr_next..)
             .chain(self.conns.range(..self.rr_next))
@@ -203,6 +266,10 @@ impl Muxer {
                 (Some(cur), Some(want))
                     if cur != want && ops.modify(Events::new(conn.stream(), want)).is_ok() =>
                 {
+                    conn.epoll = Some(want);
+                }
+                // A guest-initiated connection, not watched yet.
+                (None, Some(want)) if ops.add(Events::new(conn.stream(), want)).is_ok() => {
                     conn.epoll = Some(want);
                 }
                 (Some(_), None) => {

@@ -73,6 +73,11 @@ impl Hdr {
         }
     }
 
+    /// The same header with `flags` (an OP_SHUTDOWN's).
+    pub fn with_flags(self, flags: u32) -> Self {
+        Self { flags, ..self }
+    }
+
     pub fn to_bytes(self) -> [u8; HDR_LEN] {
         let mut b = [0u8; HDR_LEN];
         b[0..8].copy_from_slice(&self.src_cid.to_le_bytes());
@@ -221,14 +226,14 @@ struct Fresh {
 }
 
 impl Fresh {
-    fn new() -> Self {
+    fn new(guest_ports: Vec<super::GuestPort>) -> Self {
         let addr = unique_addr();
         let listener = UnixListener::bind_addr(&addr).unwrap();
         let evts: Vec<EventFd> = (0..QUEUE_COUNT)
             .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
             .collect();
         let transport_evts = evts.iter().map(|e| e.try_clone().unwrap()).collect();
-        let (device, handler) = super::new(GUEST_CID, listener, evts).unwrap();
+        let (device, handler) = super::new(GUEST_CID, listener, evts, guest_ports).unwrap();
         let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
         Self {
             addr,
@@ -243,6 +248,17 @@ impl Fresh {
 impl Guest {
     /// A device whose driver has not started yet.
     pub fn new_unstarted() -> Self {
+        Self::unstarted_serving(Vec::new())
+    }
+
+    /// A started device that accepts guest connections to `guest_ports`.
+    pub fn serving(guest_ports: Vec<super::GuestPort>) -> Self {
+        let mut g = Self::unstarted_serving(guest_ports);
+        g.start_driver();
+        g
+    }
+
+    fn unstarted_serving(guest_ports: Vec<super::GuestPort>) -> Self {
         // Leaked so the mock queues can borrow it for the whole test.
         let mem: &'static GuestMemoryMmap = Box::leak(Box::new(
             GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap(),
@@ -253,7 +269,7 @@ impl Guest {
             handler,
             transport_evts: clones,
             interrupt,
-        } = Fresh::new();
+        } = Fresh::new(guest_ports);
         let transport = MmioTransport::new(device, mem.clone(), interrupt.clone(), clones).unwrap();
         let mut em = EventManager::new().unwrap();
         let id = em.add_subscriber(handler);
@@ -334,7 +350,7 @@ impl Guest {
             handler,
             transport_evts: clones,
             interrupt,
-        } = Fresh::new();
+        } = Fresh::new(Vec::new());
         self.transport =
             MmioTransport::restore(device, self.mem.clone(), interrupt.clone(), clones, &saved)
                 .unwrap();

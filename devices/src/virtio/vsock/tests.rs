@@ -108,7 +108,7 @@ fn reserved_cids_are_refused() {
         let name = format!("mvm-vsock-cid-{}-{cid}", std::process::id());
         let l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name).unwrap()).unwrap();
         assert!(matches!(
-            super::new(cid, l, vec![]),
+            super::new(cid, l, vec![], vec![]),
             Err(super::Error::InvalidCid(c)) if c == cid
         ));
     }

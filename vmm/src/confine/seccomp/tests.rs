@@ -77,6 +77,29 @@ fn the_vmm_thread_may_kill_only_the_helpers_groups_and_sessions_make_only_unix_s
 }
 
 #[test]
+fn the_vmm_thread_makes_unix_sockets_only_when_guest_connections_are_served() {
+    let sigsys = |status: i32| libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS;
+    // SAFETY (each probe): plain system calls in the forked child.
+    let unix = || unsafe { (libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0) as i32 };
+    let before = under_filter(ThreadKind::Vmm, unix);
+    assert!(
+        sigsys(before),
+        "the vmm thread made a socket unasked: {before:#x}"
+    );
+    allow_guest_connections();
+    let after = under_filter(ThreadKind::Vmm, unix);
+    assert!(
+        libc::WIFEXITED(after) && libc::WEXITSTATUS(after) == 0,
+        "{after:#x}"
+    );
+    // SAFETY: as above.
+    let inet = under_filter(ThreadKind::Vmm, || unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0)
+    });
+    assert!(sigsys(inet), "an AF_INET socket was let through: {inet:#x}");
+}
+
+#[test]
 fn only_side_threads_may_create_threads() {
     for kind in [ThreadKind::Vmm, ThreadKind::Vcpu] {
         for call in [
