@@ -18,6 +18,7 @@ pub mod cmdline;
 pub mod console;
 pub mod errno;
 pub mod error;
+pub mod forwarder;
 pub mod init;
 pub mod loopback;
 pub mod mounts;

@@ -22,6 +22,14 @@ pub const VERSION: u32 = 1;
 pub const AGENT_PORT: u32 = 1024;
 /// vsock context id of the guest (2 is the host; 0 and 1 are reserved).
 pub const GUEST_CID: u64 = 3;
+/// The host vsock port guest-initiated egress connections go to: the only
+/// port the VMM accepts a guest's connection on, and only when a run's
+/// policy allows some egress (docs/network.md).
+pub const EGRESS_VSOCK_PORT: u32 = 1080;
+/// The HTTP proxy port guest-init's forwarder listens on, on the guest's
+/// 127.0.0.1: each connection is carried to the host proxy over its own
+/// vsock stream to [`EGRESS_VSOCK_PORT`].
+pub const EGRESS_PROXY_PORT: u16 = 3128;
 /// Most bytes of data in one `Stdin`, `Stdout` or `Stderr` message; senders
 /// split longer data, receivers reject longer messages.
 pub const MAX_DATA: usize = 64 * 1024;

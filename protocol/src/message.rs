@@ -109,6 +109,11 @@ pub struct ExecRequest {
     /// (`mvm run --user`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Start the egress forwarder (127.0.0.1:`EGRESS_PROXY_PORT` to the
+    /// host's vsock port `EGRESS_VSOCK_PORT`) before the command; the host
+    /// sets the proxy variables in `env` itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub egress: bool,
 }
 
 impl ExecRequest {
@@ -127,6 +132,7 @@ impl ExecRequest {
             max_procs: 0,
             user_name: None,
             user: None,
+            egress: false,
         }
     }
 }
@@ -334,6 +340,7 @@ mod tests {
             max_procs: 0,
             user_name: None,
             user: None,
+            egress: false,
         };
         assert_eq!(
             text(Message::Exec(exec)),

@@ -23,6 +23,7 @@ fn every_message() -> Vec<Message> {
             max_procs: 4096,
             user_name: None,
             user: None,
+            egress: false,
         }),
         Message::Stdin(b"line\n\0\xff".to_vec()),
         Message::Stdin(Vec::new()),

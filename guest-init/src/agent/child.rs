@@ -382,6 +382,7 @@ mod tests {
             max_procs: 64,
             user_name: None,
             user: None,
+            egress: false,
         })
         .unwrap()
     }

@@ -89,6 +89,12 @@ fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
     if let Err(err) = account::apply(request, &mut prepared) {
         return fail(conn, err);
     }
+    // Before the command, so that its proxy is there from its first step.
+    if request.egress {
+        if let Err(err) = crate::forwarder::start() {
+            return fail(conn, format!("cannot start the egress forwarder: {err}"));
+        }
+    }
     if prepared.tty {
         // A failure shows up as the pty failing to open, with its reason.
         let _ = pty::ensure_ptmx();
