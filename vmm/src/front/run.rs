@@ -535,6 +535,7 @@ fn exec_request(
         max_procs: args.max_procs,
         user_name: (image_root && uid != 0).then(login_name),
         user: args.user.clone(),
+        egress: false,
     })
 }
 
