@@ -4,8 +4,16 @@
 //! client connection speaking the HTTP proxy protocol, checked against an
 //! allowlist, logged, and bounded (docs/network.md).
 
+pub mod audit;
+pub mod cli;
+pub mod confine;
+pub mod dns_wire;
+pub mod limits;
 pub mod net;
 pub mod pattern;
 pub mod policy;
+pub mod proxy;
 pub mod request;
+pub mod resolve;
+pub mod response;
 pub mod special;

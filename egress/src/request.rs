@@ -236,8 +236,17 @@ fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
 /// At most 100 printable ASCII characters of what the client sent, for a
 /// message that goes into a header.
 pub fn clean(s: &str) -> String {
+    clean_n(s, 100)
+}
+
+/// A whole message, at most 1000 printable ASCII characters.
+pub fn clean_long(s: &str) -> String {
+    clean_n(s, 1000)
+}
+
+fn clean_n(s: &str, n: usize) -> String {
     s.chars()
-        .take(100)
+        .take(n)
         .map(|c| {
             if c.is_ascii_graphic() || c == ' ' {
                 c
