@@ -265,11 +265,12 @@ impl Proxy {
                     }
                     Ok(n) => n,
                 };
+                let early = buf.len() < 64;
                 buf.extend_from_slice(&chunk[..n]);
                 // Parsing again only when a line ended (or early, to
                 // refuse garbage at once) keeps a byte-at-a-time client
                 // from costing a parse per byte.
-                if buf.len() > 64 && !chunk[..n].contains(&b'\n') {
+                if !early && !chunk[..n].contains(&b'\n') {
                     continue;
                 }
                 match request::parse(&buf) {
