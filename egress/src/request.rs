@@ -165,7 +165,6 @@ fn origin_head(
         .filter(|h| h.name.eq_ignore_ascii_case("connection"))
         .flat_map(|h| {
             String::from_utf8_lossy(h.value)
-                .into_owned()
                 .split(',')
                 .map(|t| t.trim().to_ascii_lowercase())
                 .collect::<Vec<_>>()
