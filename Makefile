@@ -7,6 +7,8 @@
 #   build/bin/mvm                  the VMM (static)
 #   build/libexec/mvm/virtiofsd    virtio-fs backend mvm spawns (static,
 #                                  crate virtiofsd, scripts/build-virtiofsd.sh)
+#   build/libexec/mvm/mvm-egress   the host-side egress proxy (static,
+#                                  egress/, docs/network.md)
 #   build/share/mvm/vmlinux        guest kernel (+ kernel.release, source-*)
 #   build/share/mvm/initramfs.cpio guest initramfs: guest-init + busybox
 #   build/share/mvm/images/debian  the default guest image: Debian bookworm
@@ -24,11 +26,12 @@ TARGET   := x86_64-unknown-linux-gnu
 # off build scripts and proc macros.
 STATIC   := RUSTFLAGS="-C target-feature=+crt-static"
 RELEASE  := target/$(TARGET)/release
-CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol -name '*.rs' -o -name Cargo.toml)
+CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol egress -name '*.rs' -o -name Cargo.toml)
 
 SHARE    := build/share/mvm
 MVM      := build/bin/mvm
 VIRTIOFSD := build/libexec/mvm/virtiofsd
+EGRESS   := build/libexec/mvm/mvm-egress
 KERNEL   := $(SHARE)/vmlinux
 INITRAMFS := $(SHARE)/initramfs.cpio
 IMAGE    := $(SHARE)/images/debian
@@ -37,7 +40,7 @@ TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
 .PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-confine clean
-all: $(MVM) $(VIRTIOFSD) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
+all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -52,10 +55,14 @@ $(KERNEL): guest-kernel/guest.config guest-kernel/build.sh build/.deps
 $(TH_KERNEL): tests/testhost/kernel.config guest-kernel/build.sh build/.deps
 	guest-kernel/build.sh tests/testhost/kernel.config bzImage build/testhost
 
-$(RELEASE)/mvm $(RELEASE)/mvm-init: $(CARGO_SRCS)
-	$(STATIC) cargo build --release --locked --target $(TARGET) -p mvm -p mvm-guest-init
+$(RELEASE)/mvm $(RELEASE)/mvm-init $(RELEASE)/mvm-egress: $(CARGO_SRCS)
+	$(STATIC) cargo build --release --locked --target $(TARGET) -p mvm -p mvm-guest-init -p mvm-egress
 
 $(MVM): $(RELEASE)/mvm
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(EGRESS): $(RELEASE)/mvm-egress
 	@mkdir -p $(dir $@)
 	cp $< $@
 

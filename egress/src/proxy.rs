@@ -1,0 +1,462 @@
+//! One run's proxy: the accept loop (bounded in connections at once and
+//! per second) and, per connection, read the request head, check it,
+//! resolve, connect to the checked address, then tunnel or forward,
+//! counting bytes, and log one line. Every failure is an HTTP answer with
+//! a reason (403 policy, 4xx bad request, 502 DNS or connect, 504 timeout),
+//! never a silent close or a hang.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio::time::{timeout, Instant};
+
+use crate::audit::{self, Audit, Record};
+use crate::limits::{Bucket, Limits, COPY_BUFFER};
+use crate::policy::{self, Denial, Policy};
+use crate::request::{self, Host, Request};
+use crate::resolve::Resolver;
+use crate::response;
+
+pub struct Proxy {
+    pub policy: Policy,
+    pub resolver: Resolver,
+    pub limits: Limits,
+    pub audit: Audit,
+    used: AtomicU64,
+    seq: AtomicU64,
+}
+
+/// How an exchange ended early: what the client is told and logged.
+struct Refusal {
+    /// 0: nothing to answer (the client went away).
+    status: u16,
+    decision: &'static str,
+    rule: String,
+    message: String,
+}
+
+fn denied(d: Denial) -> Refusal {
+    Refusal {
+        status: 403,
+        decision: "denied",
+        rule: d.rule(),
+        message: d.to_string(),
+    }
+}
+
+fn error(status: u16, rule: &str, message: String) -> Refusal {
+    Refusal {
+        status,
+        decision: "error",
+        rule: rule.into(),
+        message,
+    }
+}
+
+/// How a copy stopped before both ends closed.
+enum End {
+    Io,
+    Idle,
+    Budget,
+}
+
+impl Proxy {
+    pub fn new(policy: Policy, resolver: Resolver, limits: Limits, audit: Audit) -> Proxy {
+        Proxy {
+            policy,
+            resolver,
+            limits,
+            audit,
+            used: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        let permits = Arc::new(Semaphore::new(self.limits.max_connections));
+        let mut bucket = Bucket::new(self.limits.conn_rate);
+        loop {
+            // Past either limit nothing is accepted: further connections
+            // wait in the listen backlog, then in the guest.
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            bucket.take().await;
+            let client = match listener.accept().await {
+                Ok((c, _)) => c,
+                Err(_) => {
+                    // Out of fds or the like: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let proxy = self.clone();
+            tokio::spawn(async move {
+                proxy.handle(client).await;
+                drop(permit);
+            });
+        }
+    }
+
+    async fn handle(&self, mut client: UnixStream) {
+        let start = Instant::now();
+        let mut rec = Record {
+            time: audit::now(),
+            run_id: self.audit.run_id().to_string(),
+            conn: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            decision: "allowed",
+            ..Default::default()
+        };
+        if let Err(r) = self.exchange(&mut client, &mut rec).await {
+            if r.status != 0 {
+                let answer = response::refusal(r.status, &r.message);
+                // A client that does not read cannot hold the task.
+                let _ = timeout(Duration::from_secs(5), client.write_all(&answer)).await;
+                let _ = timeout(Duration::from_secs(1), client.shutdown()).await;
+                rec.status = Some(r.status);
+            }
+            rec.decision = r.decision;
+            rec.rule = r.rule;
+            rec.reason = Some(r.message);
+        }
+        rec.duration_ms = start.elapsed().as_millis() as u64;
+        self.audit.record(&rec);
+    }
+
+    async fn exchange(&self, client: &mut UnixStream, rec: &mut Record) -> Result<(), Refusal> {
+        let (req, leftover) = self.read_head(client).await?;
+        let (host, port) = req.host_port();
+        let host = host.clone();
+        rec.method = Some(req.method().to_string());
+        rec.host = Some(host.text());
+        rec.port = Some(port);
+        if let Request::Forward { path, .. } = &req {
+            rec.path = Some(path.split('?').next().unwrap_or("/").to_string());
+        }
+        if self.used.load(Ordering::Relaxed) >= self.limits.max_bytes {
+            return Err(self.budget_refusal());
+        }
+        let (candidates, rule) = self.check(&host, port, rec).await?;
+        rec.rule = rule;
+        let (mut upstream, addr) = self.connect(&host, port, &candidates).await?;
+        rec.address = Some(addr.ip().to_string());
+        let forward = match &req {
+            Request::Connect { .. } => {
+                client
+                    .write_all(response::ESTABLISHED)
+                    .await
+                    .map_err(|_| error(0, "client went away", "client went away".into()))?;
+                rec.status = Some(200);
+                false
+            }
+            Request::Forward { head, .. } => {
+                self.spend(head.len() as u64)
+                    .map_err(|_| self.budget_refusal())?;
+                upstream
+                    .write_all(head)
+                    .await
+                    .map_err(|e| self.upstream_error(&host, port, addr, &e))?;
+                rec.bytes_up += head.len() as u64;
+                true
+            }
+        };
+        if !leftover.is_empty() {
+            // Bytes the client sent after the head (a TLS hello, a body).
+            self.spend(leftover.len() as u64)
+                .map_err(|_| self.budget_refusal())?;
+            upstream
+                .write_all(&leftover)
+                .await
+                .map_err(|e| self.upstream_error(&host, port, addr, &e))?;
+            rec.bytes_up += leftover.len() as u64;
+        }
+        let (up, down, end) = self.pump(client, &mut upstream, forward).await;
+        rec.bytes_up += up;
+        rec.bytes_down += down;
+        match end {
+            None | Some(End::Io) => Ok(()),
+            Some(End::Idle) if forward && down == 0 => Err(error(
+                504,
+                "upstream timeout",
+                format!(
+                    "{} sent no response within {:?}",
+                    policy::target(&host.text(), port),
+                    self.limits.idle_timeout
+                ),
+            )),
+            Some(End::Idle) => {
+                rec.reason = Some(format!("idle for {:?}: closed", self.limits.idle_timeout));
+                Ok(())
+            }
+            Some(End::Budget) => {
+                rec.reason = Some(self.budget_refusal().message);
+                Ok(())
+            }
+        }
+    }
+
+    fn budget_refusal(&self) -> Refusal {
+        Refusal {
+            status: 403,
+            decision: "denied",
+            rule: "byte limit".into(),
+            message: format!(
+                "this run's egress limit of {} bytes is used up; raise it with --max-bytes",
+                self.limits.max_bytes
+            ),
+        }
+    }
+
+    fn spend(&self, n: u64) -> Result<(), ()> {
+        let before = self.used.fetch_add(n, Ordering::Relaxed);
+        if before + n > self.limits.max_bytes {
+            Err(())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn upstream_error(
+        &self,
+        host: &Host,
+        port: u16,
+        addr: SocketAddr,
+        e: &std::io::Error,
+    ) -> Refusal {
+        error(
+            502,
+            "upstream error",
+            format!(
+                "{} ({}): {e}",
+                policy::target(&host.text(), port),
+                addr.ip()
+            ),
+        )
+    }
+
+    /// The request head, within the size and time limits, and what the
+    /// client sent after it.
+    async fn read_head(&self, client: &mut UnixStream) -> Result<(Request, Vec<u8>), Refusal> {
+        let max = self.limits.max_header_bytes;
+        let read = async {
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = vec![0u8; 4096];
+            loop {
+                if buf.len() >= max {
+                    return Err(error(
+                        431,
+                        "bad request",
+                        format!("the request head is larger than {max} bytes"),
+                    ));
+                }
+                let want = chunk.len().min(max - buf.len());
+                let n = match client.read(&mut chunk[..want]).await {
+                    Ok(0) | Err(_) => {
+                        return Err(error(
+                            0,
+                            "no request",
+                            "closed before a complete request head".into(),
+                        ))
+                    }
+                    Ok(n) => n,
+                };
+                let early = buf.len() < 64;
+                buf.extend_from_slice(&chunk[..n]);
+                // Parsing again only when a line ended (or early, to
+                // refuse garbage at once) keeps a byte-at-a-time client
+                // from costing a parse per byte.
+                if !early && !chunk[..n].contains(&b'\n') {
+                    continue;
+                }
+                match request::parse(&buf) {
+                    Ok(None) => {}
+                    Ok(Some((req, len))) => return Ok((req, buf[len..].to_vec())),
+                    Err(bad) => return Err(error(bad.status, "bad request", bad.message)),
+                }
+            }
+        };
+        match timeout(self.limits.header_timeout, read).await {
+            Ok(r) => r,
+            Err(_) => Err(error(
+                408,
+                "bad request",
+                format!(
+                    "no complete request head within {:?}",
+                    self.limits.header_timeout
+                ),
+            )),
+        }
+    }
+
+    /// The addresses the request may go to, and the rules that allowed it.
+    async fn check(
+        &self,
+        host: &Host,
+        port: u16,
+        rec: &mut Record,
+    ) -> Result<(Vec<SocketAddr>, String), Refusal> {
+        match host {
+            Host::Ip(ip) => {
+                rec.address = Some(ip.to_string());
+                let rule = self.policy.check_addr(*ip, port, None).map_err(denied)?;
+                let rule = rule.map(|r| format!("allow {r}")).unwrap_or_default();
+                Ok((vec![SocketAddr::new(*ip, port)], rule))
+            }
+            Host::Name(name) => {
+                let name_rule = self.policy.check_name(name, port).map_err(denied)?;
+                let addrs = self
+                    .resolver
+                    .resolve(name)
+                    .await
+                    .map_err(|e| error(502, "DNS", e))?;
+                let mut ok = Vec::new();
+                let mut addr_rule = None;
+                let mut first_denial: Option<(IpAddr, Denial)> = None;
+                for ip in addrs {
+                    let ip = crate::net::canonical(ip);
+                    match self.policy.check_addr(ip, port, Some(name)) {
+                        Ok(r) => {
+                            addr_rule = addr_rule.or(r);
+                            ok.push(SocketAddr::new(ip, port));
+                        }
+                        Err(d) => {
+                            first_denial.get_or_insert((ip, d));
+                        }
+                    }
+                }
+                if ok.is_empty() {
+                    return Err(match first_denial {
+                        Some((ip, d)) => {
+                            rec.address = Some(ip.to_string());
+                            denied(d)
+                        }
+                        None => error(502, "DNS", format!("{name} has no address")),
+                    });
+                }
+                let mut rule = format!("allow {name_rule}");
+                if let Some(r) = addr_rule {
+                    rule.push_str(&format!(" + allow {r}"));
+                }
+                Ok((ok, rule))
+            }
+        }
+    }
+
+    /// The first checked address that answers, within the connect timeout.
+    async fn connect(
+        &self,
+        host: &Host,
+        port: u16,
+        candidates: &[SocketAddr],
+    ) -> Result<(TcpStream, SocketAddr), Refusal> {
+        let target = policy::target(&host.text(), port);
+        let deadline = Instant::now() + self.limits.connect_timeout;
+        let mut last = String::new();
+        for &addr in candidates {
+            match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok((s, addr));
+                }
+                Ok(Err(e)) => last = format!("cannot connect to {target} ({}): {e}", addr.ip()),
+                Err(_) => {
+                    return Err(error(
+                        504,
+                        "connect timeout",
+                        format!(
+                            "cannot connect to {target} ({}): no answer within {:?}",
+                            addr.ip(),
+                            self.limits.connect_timeout
+                        ),
+                    ))
+                }
+            }
+        }
+        Err(error(502, "connect failed", last))
+    }
+
+    /// Copies both ways until done: a tunnel until both sides closed, a
+    /// forwarded request until the server's side closed (one request per
+    /// connection); or until idle too long, or the run's bytes are spent.
+    async fn pump(
+        &self,
+        client: &mut UnixStream,
+        upstream: &mut TcpStream,
+        forward: bool,
+    ) -> (u64, u64, Option<End>) {
+        let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+        let base = Instant::now();
+        let last = AtomicU64::new(0);
+        let (mut cr, mut cw) = client.split();
+        let (mut ur, mut uw) = upstream.split();
+        let to_server = copy(&mut cr, &mut uw, &up, &last, base, self);
+        let to_client = copy(&mut ur, &mut cw, &down, &last, base, self);
+        let work = async {
+            if forward {
+                tokio::pin!(to_server);
+                tokio::pin!(to_client);
+                let mut client_done = false;
+                loop {
+                    tokio::select! {
+                        r = &mut to_client => return r,
+                        r = &mut to_server, if !client_done => {
+                            r?;
+                            client_done = true;
+                        }
+                    }
+                }
+            } else {
+                tokio::try_join!(to_server, to_client).map(|_| ())
+            }
+        };
+        let idle = self.limits.idle_timeout;
+        let watchdog = async {
+            loop {
+                let quiet = base
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+                if quiet >= idle {
+                    return End::Idle;
+                }
+                tokio::time::sleep(idle - quiet).await;
+            }
+        };
+        let end = tokio::select! {
+            r = work => r.err(),
+            e = watchdog => Some(e),
+        };
+        (up.into_inner(), down.into_inner(), end)
+    }
+}
+
+async fn copy<R, W>(
+    r: &mut R,
+    w: &mut W,
+    count: &AtomicU64,
+    last: &AtomicU64,
+    base: Instant,
+    proxy: &Proxy,
+) -> Result<(), End>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; COPY_BUFFER];
+    loop {
+        let n = r.read(&mut buf).await.map_err(|_| End::Io)?;
+        if n == 0 {
+            // Half-close: the other side sees the end, and may still answer.
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        proxy.spend(n as u64).map_err(|_| End::Budget)?;
+        w.write_all(&buf[..n]).await.map_err(|_| End::Io)?;
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
