@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod confine;
 pub mod console;
+pub mod egress;
 pub mod exit_code;
 pub mod front;
 pub mod helper_log;

@@ -5,6 +5,7 @@
 //! `cli` parses and calls in here; nothing here reaches back up.
 
 pub mod boot;
+pub mod egress;
 mod failure;
 pub mod image;
 mod root_file;

@@ -103,6 +103,8 @@ pub struct RunArgs {
     /// repeatable, added to $MVM_INSECURE_REGISTRIES
     #[arg(long, value_name = "HOST[:PORT]")]
     pub insecure_registry: Vec<String>,
+    #[command(flatten)]
+    pub egress: super::egress::EgressArgs,
     /// Boot with this EROFS image (a file) as the guest's read-only root,
     /// under the same writable overlay as --image
     #[arg(long, value_name = "FILE")]
@@ -180,10 +182,26 @@ fn run_in_vm(
         false => Some(find_virtiofsd(args)?),
     };
     let dir = SessionDir::create().map_err(setup_failure)?;
+    // Declared after `dir` (dropped before it), like the backends below.
+    let mut egress = args.egress.start(&dir)?;
+    let mut request = request;
+    let mut guest_ports = Vec::new();
+    if let Some((_, port)) = &egress {
+        guest_ports.push(port.clone());
+        crate::confine::seccomp::allow_guest_connections();
+        request.egress = true;
+        let user_keys = args
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, _)| k.to_string())
+            .collect();
+        super::egress::add_proxy_env(&mut request.env, &user_keys);
+    }
     config.vsock = Some(VsockConfig {
         cid: GUEST_CID,
         uds_path: dir.vsock_path(),
-        guest_ports: Vec::new(),
+        guest_ports,
     });
     // Declared after `dir`, so dropped before it: the helpers are killed
     // and reaped before their sockets' directory goes.
@@ -226,6 +244,9 @@ fn run_in_vm(
             machine.add_subscriber(Box::new(pump));
         }
     }
+    if let Some(pump) = egress.as_mut().and_then(|(e, _)| e.take_log_pump()) {
+        machine.add_subscriber(Box::new(pump));
+    }
 
     // Everything is open and virtiofsd started: confine before any other
     // thread exists (they inherit it). The vmm thread may kill only these
@@ -234,6 +255,7 @@ fn run_in_vm(
         &backends
             .iter()
             .map(Virtiofsd::process_group)
+            .chain(egress.as_ref().map(|(e, _)| e.process_group()))
             .collect::<Vec<_>>(),
     );
     let base_dir = dir.path().parent().unwrap_or(dir.path()).to_path_buf();
@@ -276,6 +298,9 @@ fn run_in_vm(
         &ended,
         result.as_ref().ok().map(|(_, at)| *at),
     );
+    if let Some((proxy, _)) = &egress {
+        args.egress.report(proxy, vm.print_stats);
+    }
 
     if oom_seen.load(std::sync::atomic::Ordering::SeqCst) {
         eprintln!(

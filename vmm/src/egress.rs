@@ -1,0 +1,263 @@
+//! mvm-egress, the host side of controlled egress (docs/network.md), as a
+//! helper process like virtiofsd: one per run that allows any egress,
+//! started before the VM is built and killed with its process group when
+//! `mvm run` ends.
+//!
+//! The VMM binds the proxy's Unix socket itself (the path the vsock device
+//! connects each guest-initiated egress connection to) and hands it over
+//! as fd 3, with the audit log on fd 4 and the summary file on fd 5, so
+//! the proxy opens nothing by name but its policy file, and confines
+//! itself (Landlock with no filesystem access, seccomp) before it serves.
+//! Its environment is empty; it gets SIGKILL if mvm dies
+//! (PR_SET_PDEATHSIG) and has a process group of its own.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::helper_log::{self, LogPump};
+
+const LISTEN_FD: RawFd = 3;
+const LOG_FD: RawFd = 4;
+const SUMMARY_FD: RawFd = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create the egress proxy's socket {0}: {1}")]
+    Socket(String, io::Error),
+    #[error("cannot open the network log {0}: {1} (choose another --net-log FILE)")]
+    Log(String, io::Error),
+    #[error("cannot create the egress proxy's files in {0}: {1}")]
+    Files(String, io::Error),
+    #[error(
+        "cannot start the egress proxy ({0}): {1}: run 'make', or set MVM_EGRESS to mvm-egress"
+    )]
+    Spawn(String, io::Error),
+}
+
+/// What the proxy enforces and where it writes.
+pub struct Request<'a> {
+    pub binary: &'a Path,
+    /// Bound here; must not exist yet.
+    pub socket: &'a Path,
+    /// The JSON Lines audit log: --net-log, else one in the session dir.
+    pub log: &'a Path,
+    /// Rewritten by the proxy after every connection.
+    pub summary: &'a Path,
+    /// Its stderr, capped.
+    pub stderr_log: &'a Path,
+    pub run_id: &'a str,
+    pub allow: &'a [String],
+    pub deny: &'a [String],
+    pub policy: Option<&'a Path>,
+}
+
+pub struct Egress {
+    child: Child,
+    summary: PathBuf,
+    pump: Option<LogPump>,
+}
+
+/// The proxy's arguments, apart from the binary.
+pub fn arguments(req: &Request) -> Vec<String> {
+    let mut args = vec![
+        format!("--listen-fd={LISTEN_FD}"),
+        format!("--log-fd={LOG_FD}"),
+        format!("--summary-fd={SUMMARY_FD}"),
+        format!("--run-id={}", req.run_id),
+    ];
+    args.extend(req.allow.iter().map(|p| format!("--allow={p}")));
+    args.extend(req.deny.iter().map(|p| format!("--deny={p}")));
+    if let Some(policy) = req.policy {
+        args.push(format!("--policy={}", policy.display()));
+    }
+    args
+}
+
+pub fn spawn(req: &Request) -> Result<Egress, Error> {
+    let listener = UnixListener::bind(req.socket)
+        .map_err(|e| Error::Socket(req.socket.display().to_string(), e))?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(req.log)
+        .map_err(|e| Error::Log(req.log.display().to_string(), e))?;
+    let files = |e| Error::Files(req.summary.display().to_string(), e);
+    let summary = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .open(req.summary)
+        .map_err(files)?;
+    let stderr_file = File::create(req.stderr_log).map_err(files)?;
+    let (stderr, pump) = helper_log::pipe(stderr_file).map_err(files)?;
+    let fds = [
+        (listener.as_raw_fd(), LISTEN_FD),
+        (log.as_raw_fd(), LOG_FD),
+        (summary.as_raw_fd(), SUMMARY_FD),
+    ];
+    let mut command = Command::new(req.binary);
+    command
+        .args(arguments(req))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(stderr))
+        .env_clear();
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes system calls (dup2, fcntl, setpgid, prctl, getppid).
+    unsafe {
+        let parent = std::process::id() as libc::pid_t;
+        command.pre_exec(move || child_setup(&fds, parent));
+    }
+    let child = command
+        .spawn()
+        .map_err(|e| Error::Spawn(req.binary.display().to_string(), e))?;
+    // The proxy has its copies.
+    drop((listener, log, summary));
+    Ok(Egress {
+        child,
+        summary: req.summary.to_owned(),
+        pump: Some(pump),
+    })
+}
+
+/// In the child, before exec: the three fds at their numbers
+/// (inheritable), a process group of its own, death with the parent.
+fn child_setup(fds: &[(RawFd, RawFd); 3], parent: libc::pid_t) -> io::Result<()> {
+    let check = |ret: libc::c_int| {
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: plain syscalls on fds and ids this process owns. The fds are
+    // first moved above the targets, so no dup2 overwrites a source.
+    unsafe {
+        let mut high = [0; 3];
+        for (i, (from, _)) in fds.iter().enumerate() {
+            high[i] = libc::fcntl(*from, libc::F_DUPFD_CLOEXEC, 10);
+            check(high[i])?;
+        }
+        for (i, (_, to)) in fds.iter().enumerate() {
+            check(libc::dup2(high[i], *to))?;
+        }
+        check(libc::setpgid(0, 0))?;
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+        if libc::getppid() != parent {
+            return Err(io::Error::other("mvm exited while starting mvm-egress"));
+        }
+    }
+    Ok(())
+}
+
+/// What the proxy counted, from its summary file.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub errors: u64,
+    pub denied_hosts: Vec<String>,
+    pub denied_hosts_more: u64,
+}
+
+/// Parses the proxy's summary (one JSON object).
+pub fn parse_summary(text: &str) -> Option<Counts> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    Some(Counts {
+        requests: n("requests"),
+        allowed: n("allowed"),
+        denied: n("denied"),
+        errors: n("errors"),
+        denied_hosts: v["denied_hosts"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|h| h.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        denied_hosts_more: n("denied_hosts_more"),
+    })
+}
+
+impl Egress {
+    /// Its process group (its pid), the one the VMM kills at the end.
+    pub fn process_group(&self) -> libc::pid_t {
+        self.child.id() as libc::pid_t
+    }
+
+    pub fn take_log_pump(&mut self) -> Option<LogPump> {
+        self.pump.take()
+    }
+
+    /// The counts so far (the proxy rewrites them after each connection).
+    pub fn counts(&self) -> Option<Counts> {
+        parse_summary(&std::fs::read_to_string(&self.summary).ok()?)
+    }
+}
+
+impl Drop for Egress {
+    fn drop(&mut self) {
+        let pgid = self.child.id() as libc::pid_t;
+        // SAFETY: signals a process group this process created.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_goes_on_the_command_line_and_the_fds_are_fixed() {
+        let args = arguments(&Request {
+            binary: Path::new("mvm-egress"),
+            socket: Path::new("/run/egress.sock"),
+            log: Path::new("/run/net.log"),
+            summary: Path::new("/run/summary.json"),
+            stderr_log: Path::new("/run/egress.err"),
+            run_id: "mvm-1-2",
+            allow: &["example.org".into(), "**.example.net:8443".into()],
+            deny: &["bad.example.org".into()],
+            policy: Some(Path::new("/etc/policy.json")),
+        });
+        assert_eq!(
+            args,
+            [
+                "--listen-fd=3",
+                "--log-fd=4",
+                "--summary-fd=5",
+                "--run-id=mvm-1-2",
+                "--allow=example.org",
+                "--allow=**.example.net:8443",
+                "--deny=bad.example.org",
+                "--policy=/etc/policy.json"
+            ]
+        );
+    }
+
+    #[test]
+    fn summaries_parse() {
+        let c = parse_summary(
+            r#"{"requests":3,"allowed":1,"denied":2,"errors":0,"denied_hosts":["a.test:443","b.test:80"],"denied_hosts_more":0,"bytes_up":1,"bytes_down":2,"log_errors":0}"#,
+        )
+        .unwrap();
+        assert_eq!((c.requests, c.allowed, c.denied), (3, 1, 2));
+        assert_eq!(c.denied_hosts, ["a.test:443", "b.test:80"]);
+        assert!(parse_summary("not json").is_none());
+    }
+}

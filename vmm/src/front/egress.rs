@@ -1,0 +1,189 @@
+//! `mvm run`'s egress options (docs/network.md): when they allow anything,
+//! the host proxy (mvm-egress) is started for the run, the vsock device
+//! serves its one guest port, and the command gets the proxy variables;
+//! at the end, denials are said in one line.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use clap::Args;
+use mvm_devices::virtio::vsock::GuestPort;
+use mvm_protocol::{EGRESS_PROXY_PORT, EGRESS_VSOCK_PORT};
+
+use super::{beside_binary, setup_failure, Failure};
+use crate::egress::{self, Egress};
+use crate::session::SessionDir;
+
+#[derive(Args, Debug, Default)]
+pub struct EgressArgs {
+    /// Let the command reach PATTERN through the host's egress proxy
+    /// (repeatable): a host name, *.example.com (one label),
+    /// **.example.com (any depth), an IP address or CIDR, with an optional
+    /// :PORT (default 80 and 443). Without any, the VM has no way out
+    #[arg(long = "allow", value_name = "PATTERN")]
+    pub allow: Vec<String>,
+    /// Refuse PATTERN even where --allow matches (repeatable; deny wins)
+    #[arg(long = "deny", value_name = "PATTERN")]
+    pub deny: Vec<String>,
+    /// The same rules from a JSON file: {"allow": [...], "deny": [...]}
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Write the proxy's audit log (JSON Lines, one per connection) to FILE
+    #[arg(long, value_name = "FILE")]
+    pub net_log: Option<PathBuf>,
+}
+
+impl EgressArgs {
+    /// Whether the run allows any egress (a policy file might allow
+    /// nothing; the proxy then refuses everything, visibly).
+    pub fn wanted(&self) -> bool {
+        !self.allow.is_empty() || self.policy.is_some()
+    }
+
+    /// Starts the proxy in the session directory, if the run wants one.
+    pub(crate) fn start(&self, dir: &SessionDir) -> Result<Option<(Egress, GuestPort)>, Failure> {
+        if !self.wanted() {
+            return Ok(None);
+        }
+        let binary = std::env::var_os("MVM_EGRESS")
+            .map(PathBuf::from)
+            .or_else(|| beside_binary("libexec/mvm/mvm-egress"))
+            .filter(|p| p.is_file())
+            .ok_or_else(|| {
+                setup_failure(
+                    "cannot find mvm-egress, the egress proxy: run 'make' or set MVM_EGRESS",
+                )
+            })?;
+        let socket = dir.path().join("egress.sock");
+        let log = self
+            .net_log
+            .clone()
+            .unwrap_or_else(|| dir.path().join("net.log"));
+        let run_id = dir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let proxy = egress::spawn(&egress::Request {
+            binary: &binary,
+            socket: &socket,
+            log: &log,
+            summary: &dir.path().join("net-summary.json"),
+            stderr_log: &dir.path().join("egress.log"),
+            run_id: &run_id,
+            allow: &self.allow,
+            deny: &self.deny,
+            policy: self.policy.as_deref(),
+        })
+        .map_err(setup_failure)?;
+        Ok(Some((
+            proxy,
+            GuestPort {
+                port: EGRESS_VSOCK_PORT,
+                socket,
+            },
+        )))
+    }
+
+    /// The line a run with denials ends with, and with --print-stats the
+    /// counts.
+    pub(crate) fn report(&self, proxy: &Egress, print_stats: bool) {
+        let Some(c) = proxy.counts() else {
+            return;
+        };
+        if print_stats {
+            eprintln!(
+                "mvm: network: {} requests, {} allowed, {} denied, {} failed",
+                c.requests, c.allowed, c.denied, c.errors
+            );
+        }
+        if c.denied > 0 {
+            let more = match c.denied_hosts_more {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            let see = match &self.net_log {
+                Some(path) => format!("see {}", path.display()),
+                None => "rerun with --net-log FILE for each request".into(),
+            };
+            eprintln!(
+                "mvm: network: {} requests denied: {}{more} ({see})",
+                c.denied,
+                c.denied_hosts.join(", ")
+            );
+        }
+    }
+}
+
+/// The proxy variables for the command, added to `env` unless the user
+/// set them with --env (theirs win); an image's own values are replaced:
+/// no other proxy is reachable anyway.
+pub fn add_proxy_env(env: &mut Vec<(String, String)>, user_keys: &HashSet<String>) {
+    let url = format!("http://127.0.0.1:{EGRESS_PROXY_PORT}");
+    let no_proxy = "localhost,127.0.0.1,::1".to_string();
+    let java = format!(
+        "-Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort={p} -Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort={p} -Dhttp.nonProxyHosts=localhost|127.0.0.1",
+        p = EGRESS_PROXY_PORT
+    );
+    let vars = [
+        ("HTTP_PROXY", url.clone()),
+        ("HTTPS_PROXY", url.clone()),
+        ("ALL_PROXY", url.clone()),
+        ("http_proxy", url.clone()),
+        ("https_proxy", url.clone()),
+        ("all_proxy", url),
+        ("NO_PROXY", no_proxy.clone()),
+        ("no_proxy", no_proxy),
+        // Node's fetch honours the variables only when asked.
+        ("NODE_USE_ENV_PROXY", "1".into()),
+        ("JAVA_TOOL_OPTIONS", java),
+    ];
+    for (name, value) in vars {
+        if user_keys.contains(name) {
+            continue;
+        }
+        env.retain(|(n, _)| n != name);
+        env.push((name.to_string(), value));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_variables_replace_the_images_but_not_the_users() {
+        let mut env = vec![
+            ("PATH".to_string(), "/bin".to_string()),
+            (
+                "HTTP_PROXY".to_string(),
+                "http://image-proxy:8080".to_string(),
+            ),
+            ("HTTPS_PROXY".to_string(), "http://mine:1".to_string()),
+        ];
+        let user: HashSet<String> = ["HTTPS_PROXY".to_string()].into();
+        add_proxy_env(&mut env, &user);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("HTTP_PROXY"), Some("http://127.0.0.1:3128"));
+        assert_eq!(get("HTTPS_PROXY"), Some("http://mine:1"));
+        assert_eq!(get("no_proxy"), Some("localhost,127.0.0.1,::1"));
+        assert_eq!(get("NODE_USE_ENV_PROXY"), Some("1"));
+        assert_eq!(env.iter().filter(|(n, _)| n == "HTTP_PROXY").count(), 1);
+        assert_eq!(get("PATH"), Some("/bin"));
+    }
+
+    #[test]
+    fn egress_is_wanted_only_when_something_may_be_allowed() {
+        assert!(!EgressArgs::default().wanted());
+        let deny_only = EgressArgs {
+            deny: vec!["x.test".into()],
+            ..EgressArgs::default()
+        };
+        assert!(!deny_only.wanted());
+        let allow = EgressArgs {
+            allow: vec!["x.test".into()],
+            ..EgressArgs::default()
+        };
+        assert!(allow.wanted());
+    }
+}
