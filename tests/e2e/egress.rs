@@ -123,7 +123,10 @@ fn a_name_that_resolves_to_loopback_needs_the_address_allowed_too() {
         "curl -sS http://web.test:8080/index.html",
     );
     assert!(
-        name_only.stdout.contains("web.test:8080"),
+        name_only
+            .stdout
+            .contains("web.test resolves to 127.0.0.1, a loopback address")
+            && name_only.stdout.contains("--allow 127.0.0.1"),
         "{}",
         name_only.stdout
     );
