@@ -39,7 +39,7 @@ IMAGE_ROOT := $(SHARE)/images/debian.erofs
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-confine clean
+.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-image bench-confine clean
 all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
@@ -119,6 +119,13 @@ bench: all
 # Workspace (virtio-fs) throughput next to the host's (docs/benchmarks.md).
 bench-fs: all
 	python3 benches/workspace.py
+
+# The default image's costs: over the busybox guest, and python and git
+# status next to bubblewrap on the same root (docs/benchmarks.md). Its
+# bubblewrap comes from build/peers, bundled as for `make bench`.
+bench-image: all
+	scripts/bundle-peers.sh build/peers
+	python3 benches/image.py
 
 # Start-up cost of the VMM's confinement (docs/benchmarks.md).
 bench-confine: all
