@@ -46,9 +46,9 @@ pub enum Command {
         vm: VmArgs,
         #[command(flatten)]
         run: RunArgs,
-        /// The command and its arguments, after `--` (with --image: may be
-        /// left out to run the image's Entrypoint and Cmd).
-        #[arg(required_unless_present = "image", last = true, value_name = "CMD")]
+        /// The command and its arguments, after `--` (may be left out to run
+        /// the image's Entrypoint and Cmd).
+        #[arg(last = true, value_name = "CMD")]
         argv: Vec<String>,
     },
     /// Manage the image store: OCI images imported for `mvm run --image`
@@ -119,9 +119,17 @@ mod tests {
     }
 
     #[test]
-    fn run_without_command_is_an_error() {
-        assert!(parse(&["run"]).is_err());
+    fn run_without_command_parses_and_bad_flags_do_not() {
+        // No command: the image's own runs (or `run` says one is missing).
+        assert!(parse(&["run"]).is_ok());
         assert!(parse(&["run", "--bogus", "--", "true"]).is_err());
+        let Command::Run { run, .. } = parse(&["run", "--", "true"]).unwrap().command else {
+            panic!("not run")
+        };
+        assert_eq!(
+            run.image, "default",
+            "the default image is the default root"
+        );
     }
 
     #[test]

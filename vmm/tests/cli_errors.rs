@@ -17,6 +17,9 @@ fn mvm(args: &[&str], envs: &[(&str, &str)]) -> Output {
     cmd.args(args)
         .env_remove("MVM_KERNEL")
         .env_remove("MVM_INITRD")
+        // The busybox root: these checks are about what comes before
+        // any image (tests/image_cli.rs has the image's).
+        .env("MVM_IMAGE", "none")
         // These checks are about other errors; the one that refuses a
         // PVM-backed /dev/kvm (this project's machines) has its own test.
         .env("MVM_ALLOW_SOFTWARE_KVM", "1");

@@ -16,6 +16,8 @@ use super::{beside_binary, setup_failure, Failure};
 /// The name `--image default` stands for: the Debian image `make` builds
 /// (rootfs/debian), imported from beside the binary on first use.
 pub const DEFAULT_IMAGE: &str = "default";
+/// `--image none`: no image, the busybox initramfs is the root.
+pub const NO_IMAGE: &str = "none";
 /// Where `make` puts the default image's OCI layout, beside the binary.
 const DEFAULT_LAYOUT: &str = "share/mvm/images/debian";
 /// Its tag in that layout, and its name in the store.
@@ -134,7 +136,7 @@ fn default_image(store: &Store, progress: &mut TerminalProgress) -> Result<Image
     let Some(dir) = layout else {
         return stored.ok_or_else(|| {
             setup_failure(format!(
-                "the default image is not built: run `make` (it builds {DEFAULT_LAYOUT} beside the mvm binary) or pass --image REF"
+                "the default image is not built: run `make` (it builds {DEFAULT_LAYOUT} beside the mvm binary), or pass --image REF, or --image none for the busybox guest"
             ))
         });
     };

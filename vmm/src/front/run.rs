@@ -91,14 +91,22 @@ pub struct RunArgs {
     /// Print no guest console lines when the guest crashes
     #[arg(short, long)]
     pub quiet: bool,
-    /// Run in an OCI image's root filesystem: oci:DIR[:TAG],
-    /// docker-archive:FILE, NAME[:TAG] or sha256:DIGEST of an image in the
-    /// store (`mvm image ls`), or `default` (the Debian image `make`
-    /// builds). Read-only underneath, writable above; every write is gone
-    /// when the VM ends (docs/images.md). Its Env, WorkingDir (with
-    /// --no-workspace), Entrypoint and Cmd apply as in `docker run`
-    #[arg(long, value_name = "REF", conflicts_with = "rootfs")]
-    pub image: Option<String>,
+    /// The guest's root: an OCI image (oci:DIR[:TAG], docker-archive:FILE,
+    /// HOST[:PORT]/NAME:TAG from a registry, NAME[:TAG] or sha256:DIGEST in
+    /// the store: `mvm image ls`), `default` (the Debian image `make`
+    /// builds: bash, coreutils, git, python3, gcc, curl...), or `none` (the
+    /// busybox initramfs alone). Read-only underneath, writable above;
+    /// every write is gone when the VM ends (docs/images.md). Its Env,
+    /// WorkingDir (with --no-workspace), Entrypoint and Cmd apply as in
+    /// `docker run`
+    #[arg(
+        long,
+        value_name = "REF",
+        env = "MVM_IMAGE",
+        default_value = super::image::DEFAULT_IMAGE,
+        conflicts_with = "rootfs"
+    )]
+    pub image: String,
     /// Pull --image over plain HTTP from this registry (HOST[:PORT]);
     /// repeatable, added to $MVM_INSECURE_REGISTRIES
     #[arg(long, value_name = "HOST[:PORT]")]
@@ -122,13 +130,20 @@ pub fn run(
     argv: Vec<String>,
     started: Instant,
 ) -> Result<i32, Failure> {
+    let mut front = Timeline::default();
+    front.mark("arguments parsed");
     let cmdline = format!("{BASE_CMDLINE} quiet {} {}", agent_param(), vm.cmdline);
     let mut config = vm.vm_config(cmdline)?;
-    let image = run
-        .image
-        .as_deref()
-        .map(|r| super::image::prepare(r, &run.insecure_registry))
-        .transpose()?;
+    // The shares, then KVM, kernel and initramfs: cheap checks, made
+    // before an image pull or conversion that would be in vain.
+    let shares = plan_shares(run)?;
+    preflight(&config)?;
+    front.mark("shares and kvm checked");
+    // --rootfs names the root itself; `none` is the initramfs alone.
+    let image = match (&run.rootfs, run.image.as_str()) {
+        (Some(_), _) | (None, super::image::NO_IMAGE) => None,
+        (None, reference) => Some(super::image::prepare(reference, &run.insecure_registry)?),
+    };
     let rootfs = image
         .as_ref()
         .map(|i| i.rootfs.clone())
@@ -140,34 +155,50 @@ pub fn run(
         None => argv,
     };
     if argv.is_empty() {
-        return Err(setup_failure(
-            "the image has no Entrypoint or Cmd: give the command after --",
-        ));
+        return Err(setup_failure(match image_config {
+            Some(_) => "the image has no Entrypoint or Cmd: give the command after --",
+            None => "no command given: put it after -- (e.g. mvm run -- uname -a)",
+        }));
     }
+    front.mark("image ready");
     let timeout = vm.timeout()?;
     run_in_vm(
         config,
         run,
-        argv,
-        image_config.as_ref(),
+        Planned {
+            argv,
+            image: image_config.as_ref(),
+            shares,
+            front,
+        },
         vm,
         started,
         timeout,
     )
 }
 
+/// What `run` worked out before the session starts.
+struct Planned<'a> {
+    argv: Vec<String>,
+    image: Option<&'a ImageConfig>,
+    shares: Vec<Share>,
+    front: Timeline,
+}
+
 fn run_in_vm(
     mut config: VmConfig,
     args: &RunArgs,
-    argv: Vec<String>,
-    image: Option<&ImageConfig>,
+    planned: Planned,
     vm: &VmArgs,
     started: Instant,
     timeout: Option<Duration>,
 ) -> Result<i32, Failure> {
-    let mut front = Timeline::default();
-    front.mark("arguments parsed");
-    let shares = plan_shares(args)?;
+    let Planned {
+        argv,
+        image,
+        shares,
+        mut front,
+    } = planned;
     let request = exec_request(
         args,
         argv,
@@ -175,8 +206,6 @@ fn run_in_vm(
         config.root_disk.is_some(),
         image,
     )?;
-    preflight(&config)?;
-    front.mark("shares and kvm checked");
     let virtiofsd_binary = match shares.is_empty() {
         true => None,
         false => Some(find_virtiofsd(args)?),
