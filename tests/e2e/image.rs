@@ -74,8 +74,14 @@ fn imported() -> &'static () {
         assert_eq!(code, 0, "{err}");
         // Manifest, config and two layers.
         assert_eq!(blobs_copied(&out), Some(4), "{out}");
+        // Control for the check below: the first import does convert.
+        assert!(err.contains("mvm: converted"), "{err}");
         let (code, again, err) = mvm_here(&["image", "import", &oci, "--name", "layers"]);
         assert_eq!(code, 0, "{err}");
+        assert!(
+            !err.contains("converted"),
+            "a second import converted again: {err}"
+        );
         assert_eq!(
             blobs_copied(&again),
             Some(0),
@@ -136,6 +142,8 @@ echo pwd=$(pwd)";
 
 fn check_layers(run: &Run) {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // Converted at import: no run converts it again.
+    assert!(!run.stderr.contains("mvm: converted"), "{}", run.stderr);
     let line = |key: &str| {
         run.stdout
             .lines()

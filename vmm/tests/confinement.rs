@@ -29,8 +29,10 @@ fn mvm(guest: &str, flags: &[&str], envs: &[(&str, &str)]) -> Command {
     ]);
     cmd.args(flags);
     cmd.args(["--", "true"]);
-    // The hand-written guest runs on a PVM-backed /dev/kvm too.
-    cmd.env("MVM_ALLOW_SOFTWARE_KVM", "1");
+    // The hand-written guest runs on a PVM-backed /dev/kvm too, and has
+    // no use for an image root.
+    cmd.env("MVM_ALLOW_SOFTWARE_KVM", "1")
+        .env("MVM_IMAGE", "none");
     for (k, v) in envs {
         cmd.env(k, v);
     }
