@@ -15,12 +15,14 @@
 //! | --- | --- |
 //! | 1 secrets, 2 writes, 7 `--write` control, 8 unsafe-mount contrast | `files` |
 //! | 3 network and vsock | `network` |
+//! | 3b egress as guest root | `egress` |
 //! | 4 fork bomb, 5 memory bomb, 10 floods, stdin, SIGTERM | `resources` |
 //! | 6 root, capabilities, setuid | `privilege` |
 //! | 9 a separate kernel: identity, panic, reboot | `kernel` |
 //! | 11 bad frames to the host | `protocol` |
 
 mod battery;
+mod egress;
 mod files;
 mod kernel;
 mod network;

@@ -419,3 +419,50 @@ fn import_counts_are_read_from_the_output() {
     assert_eq!(blobs_copied("x (0 blobs copied, 0 bytes)"), Some(0));
     assert_eq!(blobs_copied("nothing"), None);
 }
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_long_import_shows_progress_on_a_terminal_only() {
+    // The default image takes seconds to copy and convert: long enough
+    // for the progress line, which waits a second before it shows.
+    let layout = format!(
+        "oci:{}:debian-bookworm",
+        build_dir().join("share/mvm/images/debian").display()
+    );
+    let mvm = build_dir().join("bin/mvm");
+    let fresh = |name: &str| {
+        let dir = work_dir().join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        dir.display().to_string()
+    };
+    // On a terminal: util-linux's script gives mvm a pty and keeps what
+    // it drew.
+    let store = fresh("progress-tty");
+    let line = format!(
+        "MVM_IMAGES={store} {} image import {layout} --name p",
+        mvm.display()
+    );
+    let tty = Command::new("script")
+        .args(["-qefc", &line, "/dev/null"])
+        .output()
+        .expect("run script");
+    let drawn = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{drawn}");
+    assert!(
+        drawn.contains('\r') && drawn.contains(" MiB"),
+        "no progress line on a terminal: {drawn:?}"
+    );
+    // Control: the same import with stderr a pipe draws nothing.
+    let store = fresh("progress-pipe");
+    let piped = Command::new(&mvm)
+        .args(["image", "import", &layout, "--name", "p"])
+        .env("MVM_IMAGES", &store)
+        .output()
+        .expect("run mvm");
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(piped.status.success(), "{err}");
+    assert!(!err.contains('\r'), "progress drawn into a pipe: {err:?}");
+    for d in ["progress-tty", "progress-pipe"] {
+        let _ = std::fs::remove_dir_all(work_dir().join(d));
+    }
+}

@@ -138,30 +138,31 @@ pub fn apply(request: &ExecRequest, prepared: &mut Prepared) -> Result<(), Strin
         prepared.gid = gid;
         home = known;
     }
-    let home = match (home, &request.user_name) {
-        (Some(home), _) => Some(home),
-        (None, Some(name)) if prepared.uid != 0 => Some(
-            ensure(name, prepared.uid, prepared.gid)
-                .map_err(|e| format!("cannot add user {name} to /etc/passwd: {e}"))?,
-        ),
-        _ => None,
+    let (home, created) = match (home, &request.user_name) {
+        (Some(home), _) => (Some(home), false),
+        (None, Some(name)) if prepared.uid != 0 => {
+            let (home, created) = ensure(name, prepared.uid, prepared.gid)
+                .map_err(|e| format!("cannot add user {name} to /etc/passwd: {e}"))?;
+            (Some(home), created)
+        }
+        _ => (None, false),
     };
     if let Some(home) = home {
         prepared.set_home(CString::new(home).map_err(|_| "a home directory contains a NUL byte")?);
     }
-    // A home the image has is used as it is; one it lacks is made if its
-    // parent exists (as the initramfs's /run/home is).
+    // A user the image has keeps the home it says, made or not (nobody's
+    // is /nonexistent, on purpose); one mvm added gets its home made.
     let home = Path::new(OsStr::from_bytes(prepared.home.as_bytes()));
-    prepared.create_home =
-        prepared.uid != 0 && !home.exists() && home.parent().is_some_and(Path::is_dir);
+    prepared.create_home = created && !home.exists() && home.parent().is_some_and(Path::is_dir);
     Ok(())
 }
 
-/// Makes sure `uid` and `gid` have entries; returns the user's home.
-pub fn ensure(wanted: &str, uid: u32, gid: u32) -> io::Result<String> {
+/// Makes sure `uid` and `gid` have entries; returns the user's home and
+/// whether the entry is new.
+pub fn ensure(wanted: &str, uid: u32, gid: u32) -> io::Result<(String, bool)> {
     let passwd = fs::read_to_string(PASSWD).unwrap_or_default();
     if let Some(home) = home_of(&passwd, uid) {
-        return Ok(home);
+        return Ok((home, false));
     }
     let group = fs::read_to_string(GROUP).unwrap_or_default();
     let shell = if Path::new("/bin/bash").exists() {
@@ -175,7 +176,7 @@ pub fn ensure(wanted: &str, uid: u32, gid: u32) -> io::Result<String> {
         append(GROUP, &group, &line)?;
     }
     fs::create_dir_all("/home")?;
-    Ok(home)
+    Ok((home, true))
 }
 
 /// Appends `line`, first ending an unterminated last line.
