@@ -85,36 +85,13 @@ fn files(dir: &Path) -> Vec<String> {
 /// empty tar; the count makes the digest differ); `corrupt` stores the
 /// layer under its digest with one byte changed.
 fn layout(dir: &Path, zero_blocks: usize, corrupt: bool) {
-    let blobs = dir.join("blobs/sha256");
-    fs::create_dir_all(&blobs).unwrap();
-    let put = |bytes: &[u8]| {
-        let d = sha(bytes);
-        fs::write(blobs.join(&d), bytes).unwrap();
-        (d, bytes.len())
-    };
     let layer = vec![0u8; 512 * zero_blocks];
-    let (ld, ls) = (sha(&layer), layer.len());
-    let mut stored = layer.clone();
+    layout_with_layer(dir, &layer);
     if corrupt {
+        let mut stored = layer.clone();
         stored[0] = 1;
+        fs::write(dir.join("blobs/sha256").join(sha(&layer)), stored).unwrap();
     }
-    fs::write(blobs.join(&ld), &stored).unwrap();
-    let config = format!(
-        r#"{{"architecture":"amd64","os":"linux","config":{{}},"rootfs":{{"type":"layers","diff_ids":["sha256:{ld}"]}}}}"#
-    );
-    let (cd, cs) = put(config.as_bytes());
-    let manifest = format!(
-        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:{cd}","size":{cs}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:{ld}","size":{ls}}}]}}"#
-    );
-    let (md, ms) = put(manifest.as_bytes());
-    fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    fs::write(
-        dir.join("index.json"),
-        format!(
-            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{md}","size":{ms},"annotations":{{"org.opencontainers.image.ref.name":"t"}}}}]}}"#
-        ),
-    )
-    .unwrap();
 }
 
 #[test]

@@ -183,6 +183,17 @@ fn convert(store: &Store, image: &Image) -> Result<mvm_image::Rootfs, Failure> {
     Ok(rootfs)
 }
 
+/// The line an import or pull ends with (tests read the blob count).
+fn print_imported(image: &Image) {
+    println!(
+        "{} {} ({} blobs copied, {} bytes)",
+        image.name.as_deref().unwrap_or("<none>"),
+        image.manifest_digest,
+        image.imported.blobs_copied,
+        image.imported.bytes_copied
+    );
+}
+
 /// `mvm image ...`; prints what was done.
 pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
     match cmd {
@@ -199,13 +210,7 @@ pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
             // Converted now, like `docker pull` unpacks: the first run
             // does not pay for it.
             convert(&store, &image)?;
-            println!(
-                "{} {} ({} blobs copied, {} bytes)",
-                image.name.as_deref().unwrap_or("<none>"),
-                image.manifest_digest,
-                image.imported.blobs_copied,
-                image.imported.bytes_copied
-            );
+            print_imported(&image);
         }
         ImageCommand::Ls => {
             let images = store()?.list().map_err(setup_failure)?;
@@ -254,13 +259,7 @@ pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
             insecure_registry,
         } => {
             let image = pull(&store()?, reference, insecure_registry)?;
-            println!(
-                "{} {} ({} blobs copied, {} bytes)",
-                image.name.as_deref().unwrap_or("<none>"),
-                image.manifest_digest,
-                image.imported.blobs_copied,
-                image.imported.bytes_copied
-            );
+            print_imported(&image);
         }
     }
     Ok(0)
