@@ -55,6 +55,8 @@ pub struct Request<'a> {
     pub allow: &'a [String],
     pub deny: &'a [String],
     pub policy: Option<&'a Path>,
+    /// Extra limit options, passed as they are (`--max-connections=N`...).
+    pub limits: &'a [String],
 }
 
 pub struct Egress {
@@ -76,6 +78,7 @@ pub fn arguments(req: &Request) -> Vec<String> {
     if let Some(policy) = req.policy {
         args.push(format!("--policy={}", policy.display()));
     }
+    args.extend(req.limits.iter().cloned());
     args
 }
 
@@ -234,6 +237,7 @@ mod tests {
             allow: &["example.org".into(), "**.example.net:8443".into()],
             deny: &["bad.example.org".into()],
             policy: Some(Path::new("/etc/policy.json")),
+            limits: &["--max-connections=8".into()],
         });
         assert_eq!(
             args,
@@ -245,7 +249,8 @@ mod tests {
                 "--allow=example.org",
                 "--allow=**.example.net:8443",
                 "--deny=bad.example.org",
-                "--policy=/etc/policy.json"
+                "--policy=/etc/policy.json",
+                "--max-connections=8"
             ]
         );
     }

@@ -31,6 +31,16 @@ pub struct EgressArgs {
     /// Write the proxy's audit log (JSON Lines, one per connection) to FILE
     #[arg(long, value_name = "FILE")]
     pub net_log: Option<PathBuf>,
+    /// Connections through the proxy open at once [default: 128]
+    #[arg(long, value_name = "N")]
+    pub net_max_connections: Option<u32>,
+    /// New proxy connections accepted per second [default: 100]
+    #[arg(long, value_name = "N")]
+    pub net_rate: Option<u32>,
+    /// Bytes through the proxy, both ways, all connections together
+    /// (K, M, G suffixes) [default: 8G]
+    #[arg(long, value_name = "SIZE")]
+    pub net_max_bytes: Option<String>,
 }
 
 impl EgressArgs {
@@ -45,6 +55,7 @@ impl EgressArgs {
         if !self.wanted() {
             return Ok(None);
         }
+        let limits = self.limits()?;
         let binary = std::env::var_os("MVM_EGRESS")
             .map(PathBuf::from)
             .or_else(|| beside_binary("libexec/mvm/mvm-egress"))
@@ -74,6 +85,7 @@ impl EgressArgs {
             allow: &self.allow,
             deny: &self.deny,
             policy: self.policy.as_deref(),
+            limits: &limits,
         })
         .map_err(setup_failure)?;
         Ok(Some((
@@ -83,6 +95,27 @@ impl EgressArgs {
                 socket,
             },
         )))
+    }
+
+    /// The limits given, as mvm-egress options, checked here so that a bad
+    /// value is mvm's one line, not a proxy that never starts.
+    fn limits(&self) -> Result<Vec<String>, Failure> {
+        let mut out = Vec::new();
+        if let Some(n) = self.net_max_connections {
+            out.push(format!("--max-connections={n}"));
+        }
+        if let Some(n) = self.net_rate {
+            out.push(format!("--conn-rate={n}"));
+        }
+        if let Some(size) = &self.net_max_bytes {
+            let bytes = crate::config::parse_size(size).map_err(|_| {
+                setup_failure(format!(
+                    "--net-max-bytes '{size}' is not a size: use a number with an optional K, M or G suffix, e.g. 2G"
+                ))
+            })?;
+            out.push(format!("--max-bytes={bytes}"));
+        }
+        Ok(out)
     }
 
     /// The line a run with denials ends with, and with --print-stats the
