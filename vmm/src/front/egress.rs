@@ -108,9 +108,9 @@ impl EgressArgs {
             out.push(format!("--conn-rate={n}"));
         }
         if let Some(size) = &self.net_max_bytes {
-            let bytes = crate::config::parse_size(size).map_err(|_| {
+            let bytes = crate::config::parse_size(size).ok().filter(|&b| b > 0).ok_or_else(|| {
                 setup_failure(format!(
-                    "--net-max-bytes '{size}' is not a size: use a number with an optional K, M or G suffix, e.g. 2G"
+                    "--net-max-bytes '{size}' is not a size above 0: use a number with an optional K, M or G suffix, e.g. 2G"
                 ))
             })?;
             out.push(format!("--max-bytes={bytes}"));
