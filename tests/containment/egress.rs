@@ -33,7 +33,9 @@ fn check_3b_guest_root_cannot_widen_the_egress_policy() {
         .join(",");
     let guest = format!(
         r#"
-pkill -KILL -f mvm-init 2>/dev/null; kill -KILL $(ps -eo pid,user,args | awk '$2 == "nobody" {{print $1}}') 2>/dev/null
+# The forwarder is the one process of nobody's (pkill -f would match this
+# very script).
+kill -KILL $(ps -eo pid=,user= | awk '$2 == "nobody" {{print $1}}') 2>/dev/null
 sleep 0.5
 python3 - <<'PY'
 import socket
