@@ -12,6 +12,7 @@
  *                                one "accepted" line each, forever
  *   attacker vsock CID PORT      vsock stream connect
  *   attacker eat                 allocate and touch memory until killed
+ *   attacker reboot              reboot(2) with RB_AUTOBOOT, no init involved
  *   attacker hijack MODE         take the guest agent's vsock connection to
  *                                the host out of PID 1 (pidfd_getfd, as a
  *                                guest root that owns the guest could),
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ptrace.h>
+#include <sys/reboot.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -47,7 +49,7 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: attacker id | inet ADDR PORT | listen PORT | "
-                    "vsock CID PORT | eat | hijack MODE\n");
+                    "vsock CID PORT | eat | reboot | hijack MODE\n");
     return 2;
 }
 
@@ -291,6 +293,19 @@ static int cmd_hijack(const char *mode)
     return 0;
 }
 
+/* reboot(2) itself, as `reboot -f` would call it: images need not have a
+ * reboot tool (Debian's comes with an init system). */
+static int cmd_reboot(void)
+{
+    sync();
+    if (reboot(RB_AUTOBOOT) < 0) {
+        printf("reboot: %s\n", strerror(errno));
+        return 1;
+    }
+    printf("reboot: returned\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -304,6 +319,8 @@ int main(int argc, char **argv)
         return cmd_vsock(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "eat") == 0)
         return cmd_eat();
+    if (argc == 2 && strcmp(argv[1], "reboot") == 0)
+        return cmd_reboot();
     if (argc == 3 && strcmp(argv[1], "hijack") == 0)
         return cmd_hijack(argv[2]);
     return usage();

@@ -6,7 +6,8 @@
 use mvm_e2e::{Options, Run};
 
 use crate::battery::{
-    attack, attack_scripted, code, excerpt, mvm_says, script, value, Check, Source, Verdict,
+    attack, attack_scripted, attacker, code, excerpt, mvm_says, script, value, Check, Source,
+    Verdict,
 };
 
 /// The kernel's identity, as `key=value` lines, on whichever side runs it.
@@ -200,15 +201,16 @@ fn check_9b_a_guest_kernel_panic_ends_only_that_vm() {
 fn check_9c_a_guest_reboot_ends_only_that_vm() {
     let mut check = Check::new(
         "9c",
-        "reboot the guest from the command: reboot -f (reboot(2)) as guest root; the same as the default user",
+        "reboot the guest from the command: reboot(2) (the attacker's `reboot`, what `reboot -f` calls) as guest root; the same as the default user",
         "exit 121 ('stopped without reporting'), the host's boot id unchanged, its uptime run on, no panic in its kernel log, the next VM runs; as the default user reboot -f fails with EPERM ('Operation not permitted', exit 1) and the VM goes on to its own end",
     )
     .evidence(Source::Mvm, "exit 121 and the command's output stopping at the reboot")
     .evidence(Source::Host, "the host's boot id, uptime and kernel log before and after, and the next VM runs there (setup and after scripts)")
     .control(Source::Mvm, "the default user's reboot -f, refused with EPERM, lets its VM end with the command's own status");
     let (setup, after) = (host_identity_before(), host_survives());
+    let attacker = attacker();
     let after = format!(
-        "{after}\n$MVM run --no-workspace -- reboot -f >/dev/null 2>/run/tmp/user.err; \
+        "{after}\n$MVM run -- /workspace/{attacker} reboot >/run/tmp/user.err 2>&1; \
          echo user_reboot_status=$?; sed 's/^/user reboot: /' /run/tmp/user.err | head -n 2"
     );
     let run = check.run(|| {
@@ -217,11 +219,10 @@ fn check_9c_a_guest_reboot_ends_only_that_vm() {
             &after,
             &[
                 "--root",
-                "--no-workspace",
                 "--",
                 "sh",
                 "-c",
-                "reboot -f; sleep 30; echo still-running",
+                &format!("/workspace/{attacker} reboot; sleep 30; echo still-running"),
             ],
         )
     });
