@@ -39,7 +39,7 @@ IMAGE_ROOT := $(SHARE)/images/debian.erofs
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-image bench-confine clean
+.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-image bench-egress bench-confine clean
 all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
@@ -126,6 +126,11 @@ bench-fs: all
 bench-image: all
 	scripts/bundle-peers.sh build/peers
 	python3 benches/image.py
+
+# Egress through the host proxy next to the host's own fetch
+# (docs/benchmarks.md).
+bench-egress: all
+	python3 benches/egress.py
 
 # Start-up cost of the VMM's confinement (docs/benchmarks.md).
 bench-confine: all
