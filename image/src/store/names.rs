@@ -115,7 +115,10 @@ mod tests {
             normalize("localhost:5000/a/b").unwrap(),
             "localhost:5000/a/b:latest"
         );
-        assert_eq!(normalize("registry.example/x/y:v1").unwrap(), "registry.example/x/y:v1");
+        assert_eq!(
+            normalize("registry.example/x/y:v1").unwrap(),
+            "registry.example/x/y:v1"
+        );
         assert!(normalize("Foo").is_err());
         assert!(normalize("a b").is_err());
         assert!(normalize("../x").is_err());
