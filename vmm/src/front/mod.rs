@@ -8,6 +8,7 @@ pub mod boot;
 pub mod egress;
 mod failure;
 pub mod image;
+mod request;
 mod root_file;
 pub mod run;
 mod stats;

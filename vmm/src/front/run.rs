@@ -12,16 +12,17 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use mvm_protocol::{boot::agent_param, ExecRequest, GUEST_CID};
 
+use super::request::{exec_request, root_disk};
 use super::{
     beside_binary, confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure,
     vmm_failure, Failure, VmArgs, BASE_CMDLINE,
 };
-use crate::config::{FsShare, RootDisk, VmConfig, VsockConfig};
+use crate::config::{FsShare, VmConfig, VsockConfig};
 use crate::console::{Capped, ConsoleOutput};
 use crate::exit_code;
 use crate::machine::{boot, Outcome};
 use crate::session::{self, signals, terminal, SessionDir};
-use crate::shares::{self, Share, WORKSPACE_GUEST_PATH};
+use crate::shares::{self, Share};
 use crate::timeline::Timeline;
 use crate::virtiofsd::{self, Virtiofsd};
 use mvm_image::ImageConfig;
@@ -485,129 +486,6 @@ fn start_backend(
     ))
 }
 
-/// The image root the options ask for, its file checked readable before
-/// anything is started.
-fn root_disk(
-    path: Option<PathBuf>,
-    scratch: Option<&str>,
-    mem_size: u64,
-) -> Result<Option<RootDisk>, Failure> {
-    let Some(path) = path else {
-        return match scratch {
-            None => Ok(None),
-            Some(_) => Err(setup_failure(
-                "--scratch sizes the image root's writable layer: use it with --image or --rootfs",
-            )),
-        };
-    };
-    File::open(&path).map_err(|e| {
-        setup_failure(format!(
-            "cannot read the root image {}: {e} (pass an EROFS image file to --rootfs)",
-            path.display()
-        ))
-    })?;
-    let scratch_bytes = match scratch {
-        None => mem_size / 2,
-        Some(text) => match crate::config::parse_size(text) {
-            Ok(n) if n >= crate::config::MIB => n,
-            _ => {
-                return Err(setup_failure(format!(
-                    "--scratch '{text}' is not a size of at least 1M (e.g. 512M or 2G)"
-                )))
-            }
-        },
-    };
-    Ok(Some(RootDisk {
-        path,
-        scratch_bytes,
-    }))
-}
-
-/// The caller's login name for the guest's /etc/passwd: $USER or
-/// $LOGNAME when it is a portable user name, else "user".
-fn login_name() -> String {
-    let portable = |name: &str| {
-        (1..=32).contains(&name.len())
-            && name.bytes().enumerate().all(|(i, b)| {
-                b.is_ascii_lowercase() || b == b'_' || (i > 0 && (b.is_ascii_digit() || b == b'-'))
-            })
-    };
-    ["USER", "LOGNAME"]
-        .iter()
-        .filter_map(|v| std::env::var(v).ok())
-        .find(|n| portable(n) && n != "root")
-        .unwrap_or_else(|| "user".into())
-}
-
-/// What the guest agent is asked to run. With an image, its Env comes
-/// first (--env wins), and its WorkingDir is the default when no
-/// workspace is shared (with one, /workspace is: the project is where a
-/// command expects to start).
-fn exec_request(
-    args: &RunArgs,
-    argv: Vec<String>,
-    workspace: bool,
-    image_root: bool,
-    image: Option<&ImageConfig>,
-) -> Result<ExecRequest, Failure> {
-    let mut env = image.map(super::image::env).unwrap_or_default();
-    for item in &args.env {
-        match item.split_once('=') {
-            Some((key, value)) if !key.is_empty() => env.push((key.to_string(), value.to_string())),
-            _ => return Err(setup_failure(format!("--env '{item}' is not KEY=VALUE"))),
-        }
-    }
-    let image_workdir = image
-        .and_then(|c| c.working_dir.as_deref())
-        .filter(|d| d.starts_with('/'));
-    let default_workdir = match (workspace, image_workdir) {
-        (true, _) => WORKSPACE_GUEST_PATH,
-        (false, Some(dir)) => dir,
-        (false, None) => "/",
-    };
-    let workdir = args.workdir.as_deref().unwrap_or(default_workdir);
-    if !workdir.starts_with('/') {
-        return Err(setup_failure(format!(
-            "--workdir '{workdir}' must be an absolute path in the guest"
-        )));
-    }
-    let (uid, gid) = guest_identity(
-        args.root,
-        session::dir::current_uid(),
-        session::dir::current_gid(),
-    );
-    let (rows, cols) = if args.tty { terminal::size() } else { (0, 0) };
-    Ok(ExecRequest {
-        argv,
-        env,
-        cwd: workdir.to_string(),
-        uid,
-        gid,
-        tty: args.tty,
-        rows,
-        cols,
-        max_procs: args.max_procs,
-        user_name: (image_root && uid != 0).then(login_name),
-        user: args.user.clone(),
-        egress: false,
-    })
-}
-
-/// The uid and gid the command gets in the guest: root with --root;
-/// otherwise the caller's own, except that a root caller gets the
-/// unprivileged [`UNPRIVILEGED_GUEST_ID`] (root in the guest only when
-/// asked for).
-fn guest_identity(root: bool, uid: u32, gid: u32) -> (u32, u32) {
-    match (root, uid) {
-        (true, _) => (0, 0),
-        (false, 0) => (UNPRIVILEGED_GUEST_ID, UNPRIVILEGED_GUEST_ID),
-        (false, _) => (uid, gid),
-    }
-}
-
-/// The guest uid and gid a root caller's command runs as.
-pub const UNPRIVILEGED_GUEST_ID: u32 = 1000;
-
 fn print_console_tail(path: &Path) {
     let Ok(file) = File::open(path) else {
         return;
@@ -638,13 +516,5 @@ mod tests {
             ]
         );
         assert!(path_candidates(None, "virtiofsd").is_empty());
-    }
-
-    #[test]
-    fn a_root_caller_is_unprivileged_in_the_guest_unless_root_is_asked() {
-        assert_eq!(guest_identity(false, 0, 0), (1000, 1000));
-        assert_eq!(guest_identity(true, 0, 0), (0, 0));
-        assert_eq!(guest_identity(false, 1234, 100), (1234, 100));
-        assert_eq!(guest_identity(true, 1234, 100), (0, 0));
     }
 }
