@@ -153,13 +153,8 @@ fn child_setup(fds: &[(RawFd, RawFd); 3], parent: libc::pid_t) -> io::Result<()>
         for (i, (_, to)) in fds.iter().enumerate() {
             check(libc::dup2(high[i], *to))?;
         }
-        check(libc::setpgid(0, 0))?;
-        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
-        if libc::getppid() != parent {
-            return Err(io::Error::other("mvm exited while starting mvm-egress"));
-        }
     }
-    Ok(())
+    crate::helper_process::own_group_and_die_with(parent, "mvm-egress")
 }
 
 /// What the proxy counted, from its summary file.
@@ -212,12 +207,7 @@ impl Egress {
 
 impl Drop for Egress {
     fn drop(&mut self) {
-        let pgid = self.child.id() as libc::pid_t;
-        // SAFETY: signals a process group this process created.
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
-        let _ = self.child.wait();
+        crate::helper_process::end_group(&mut self.child);
     }
 }
 

@@ -17,6 +17,7 @@ pub mod egress;
 pub mod exit_code;
 pub mod front;
 pub mod helper_log;
+pub mod helper_process;
 pub mod machine;
 pub mod session;
 pub mod shares;

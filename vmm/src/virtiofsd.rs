@@ -179,14 +179,8 @@ fn child_setup(listen_fd: RawFd, dir_fd: RawFd, parent: libc::pid_t) -> io::Resu
         } else {
             check(libc::dup2(listen_fd, SOCKET_FD))?;
         }
-        check(libc::setpgid(0, 0))?;
-        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
-        // The parent may have died before the prctl took effect.
-        if libc::getppid() != parent {
-            return Err(io::Error::other("mvm exited while starting virtiofsd"));
-        }
     }
-    Ok(())
+    crate::helper_process::own_group_and_die_with(parent, "virtiofsd")
 }
 
 impl Virtiofsd {
@@ -223,14 +217,7 @@ impl Virtiofsd {
 
 impl Drop for Virtiofsd {
     fn drop(&mut self) {
-        // The group id is the child's pid (setpgid(0, 0) above); the
-        // sandboxed grandchild is in it too.
-        let pgid = self.child.id() as libc::pid_t;
-        // SAFETY: signals a process group this process created.
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
-        let _ = self.child.wait();
+        crate::helper_process::end_group(&mut self.child);
     }
 }
 

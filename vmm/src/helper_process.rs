@@ -1,0 +1,36 @@
+//! What every helper process mvm starts (virtiofsd, mvm-egress) shares:
+//! in the child before exec, a process group of its own (a Ctrl-C at the
+//! terminal is mvm's to handle) and SIGKILL when mvm dies; and at the end,
+//! the whole group killed and the child reaped.
+
+use std::io;
+use std::process::Child;
+
+/// In the forked child, before exec: its own process group and death
+/// with `parent` (checked afterwards: the parent may have died before the
+/// prctl took effect). `what` names the helper in the error.
+pub fn own_group_and_die_with(parent: libc::pid_t, what: &str) -> io::Result<()> {
+    // SAFETY: plain syscalls about this process only.
+    unsafe {
+        if libc::setpgid(0, 0) < 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::getppid() != parent {
+            return Err(io::Error::other(format!(
+                "mvm exited while starting {what}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Kills the helper's process group (its pid: see above; a sandboxed
+/// grandchild is in it too) and reaps the helper.
+pub fn end_group(child: &mut Child) {
+    let pgid = child.id() as libc::pid_t;
+    // SAFETY: signals a process group this process created.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+    let _ = child.wait();
+}
