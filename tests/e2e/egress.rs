@@ -185,3 +185,33 @@ fn without_allow_there_is_no_proxy_at_all() {
         r.stdout
     );
 }
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_policy_the_proxy_cannot_read_is_one_line_before_the_command_runs() {
+    let r = mvm_with(
+        &Options::default(),
+        &[
+            "run",
+            "--policy",
+            "/nonexistent/policy.json",
+            "--",
+            "echo",
+            "ran",
+        ],
+    );
+    assert_eq!(r.code, Some(125), "{}", r.stderr);
+    assert!(
+        !r.stdout.contains("ran"),
+        "the command ran without its proxy"
+    );
+    let stderr = r.mvm_stderr();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(
+        lines[0].starts_with("mvm: the egress proxy did not start")
+            && lines[0].contains("/nonexistent/policy.json"),
+        "{}",
+        r.stderr
+    );
+}

@@ -62,8 +62,13 @@ pub struct Request<'a> {
 pub struct Egress {
     child: Child,
     summary: PathBuf,
+    stderr_log: PathBuf,
     pump: Option<LogPump>,
 }
+
+/// How long the proxy may take to come up (under the TCG test host it is
+/// tens of milliseconds; natively a few).
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The proxy's arguments, apart from the binary.
 pub fn arguments(req: &Request) -> Vec<String> {
@@ -128,6 +133,7 @@ pub fn spawn(req: &Request) -> Result<Egress, Error> {
     Ok(Egress {
         child,
         summary: req.summary.to_owned(),
+        stderr_log: req.stderr_log.to_owned(),
         pump: Some(pump),
     })
 }
@@ -193,6 +199,45 @@ impl Egress {
     /// Its process group (its pid), the one the VMM kills at the end.
     pub fn process_group(&self) -> libc::pid_t {
         self.child.id() as libc::pid_t
+    }
+
+    /// Waits until the proxy is serving: it writes its first summary once
+    /// its policy is read and it is confined. A proxy that exits first (a
+    /// policy file it cannot read or parse, say) is an error with its own
+    /// last line, so a run never starts with a way out that is not there.
+    pub fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            if std::fs::metadata(&self.summary).is_ok_and(|m| m.len() > 0) {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                if let Some(pump) = &mut self.pump {
+                    pump.drain();
+                }
+                let last = std::fs::read_to_string(&self.stderr_log)
+                    .ok()
+                    .and_then(|t| {
+                        t.lines()
+                            .rev()
+                            .find(|l| !l.trim().is_empty())
+                            .map(String::from)
+                    });
+                return Err(match last {
+                    Some(line) => {
+                        format!("the egress proxy did not start ({status}): {}", line.trim())
+                    }
+                    None => format!("the egress proxy did not start ({status})"),
+                });
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "the egress proxy did not start within {} s",
+                    READY_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 
     pub fn take_log_pump(&mut self) -> Option<LogPump> {

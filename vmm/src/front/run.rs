@@ -274,6 +274,10 @@ fn run_in_vm(
             machine.add_subscriber(Box::new(pump));
         }
     }
+    // Checked now, after the VM was built: the proxy came up meanwhile.
+    if let Some((proxy, _)) = egress.as_mut() {
+        proxy.wait_ready().map_err(setup_failure)?;
+    }
     if let Some(pump) = egress.as_mut().and_then(|(e, _)| e.take_log_pump()) {
         machine.add_subscriber(Box::new(pump));
     }
