@@ -301,6 +301,17 @@ fn mvm_once(options: &Options, args: &[&str]) -> Run {
             "MVM_TESTHOST_TIMEOUT",
             options.testhost_timeout.unwrap_or(90).to_string(),
         );
+    // The start path (docs/testing.md): a cold boot, unless the suite runs
+    // through templates (MVM_E2E_TEMPLATES=1), which then persist across
+    // test-host calls in target/e2e-templates, so that every call but a
+    // layout's first restores one. A call's own `env` overrides either.
+    if !options.as_nobody && std::env::var_os("MVM_E2E_TEMPLATES").is_some_and(|v| v == "1") {
+        command
+            .env("MVM_TEMPLATES", repo_root().join("target/e2e-templates"))
+            .env("MVM_NO_SNAPSHOT", "0");
+    } else {
+        command.env("MVM_NO_SNAPSHOT", "1");
+    }
     command.envs(options.env.iter().copied());
     // Only what this call asks for, never scripts from the environment.
     for (name, script) in [

@@ -119,11 +119,16 @@ pub fn root(cmdline: &str) -> Result<Option<RootParam>, ParseError> {
 /// Decodes one `mvm.mount` value: `<tag>,<ro|rw>,<hex of the path>`
 /// (the format and its checks are the boot contract's, in mvm-protocol).
 pub fn decode_share(value: &str) -> Result<Share, MountProblem> {
+    share_from(MountParam::decode(value)?)
+}
+
+/// A decoded (and so checked) share as guest-init mounts it.
+pub fn share_from(param: MountParam) -> Result<Share, MountProblem> {
     let MountParam {
         tag,
         read_only,
         path,
-    } = MountParam::decode(value)?;
+    } = param;
     Ok(Share {
         tag: CString::new(tag).map_err(|_| MountProblem::Tag)?,
         path: CString::new(path).map_err(|_| MountProblem::Nul)?,

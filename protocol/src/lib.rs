@@ -8,12 +8,14 @@
 pub mod boot;
 pub mod frame;
 pub mod message;
+pub mod setup;
 pub mod version;
 
 pub use frame::{Decoder, FrameError, FrameReader, LEN_BYTES, MAX_FRAME};
 pub use message::{
     ErrorReport, ExecRequest, Exit, Hello, Kind, Message, MessageError, Resize, Signal,
 };
+pub use setup::{Setup, SetupError, SETUP_ENTROPY_BYTES};
 pub use version::{check_guest_version, check_host_version, VersionError};
 
 /// Protocol version this crate speaks (carried in `Hello`).

@@ -114,6 +114,10 @@ pub struct ExecRequest {
     /// sets the proxy variables in `env` itself.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub egress: bool,
+    /// The machine's setup (root, shares, clock, entropy), applied before
+    /// anything else of this request: sent with a run's first command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<Box<crate::setup::Setup>>,
 }
 
 impl ExecRequest {
@@ -133,6 +137,7 @@ impl ExecRequest {
             user_name: None,
             user: None,
             egress: false,
+            setup: None,
         }
     }
 }
@@ -341,6 +346,7 @@ mod tests {
             user_name: None,
             user: None,
             egress: false,
+            setup: None,
         };
         assert_eq!(
             text(Message::Exec(exec)),

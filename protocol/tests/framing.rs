@@ -24,6 +24,7 @@ fn every_message() -> Vec<Message> {
             user_name: None,
             user: None,
             egress: false,
+            setup: None,
         }),
         Message::Stdin(b"line\n\0\xff".to_vec()),
         Message::Stdin(Vec::new()),

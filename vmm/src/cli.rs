@@ -57,6 +57,13 @@ pub enum Command {
         #[command(subcommand)]
         command: front::image::ImageCommand,
     },
+    /// Manage the templates `mvm run` restores instead of booting: a
+    /// machine saved when guest-init was ready, before any run's files,
+    /// command or secrets reached it (docs/snapshots.md)
+    Snapshot {
+        #[command(subcommand)]
+        command: front::snapshot_cmd::SnapshotCommand,
+    },
 }
 
 fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
@@ -64,6 +71,7 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
         Command::Boot { vm, snapshot } => front::boot::boot(&vm, &snapshot, started),
         Command::Run { vm, run, argv } => front::run::run(&vm, &run, argv, started),
         Command::Image { command } => front::image::command(&command),
+        Command::Snapshot { command } => front::snapshot_cmd::command(&command),
     }
 }
 

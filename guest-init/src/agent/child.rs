@@ -383,6 +383,7 @@ mod tests {
             user_name: None,
             user: None,
             egress: false,
+            setup: None,
         })
         .unwrap()
     }

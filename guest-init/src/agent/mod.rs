@@ -18,6 +18,7 @@ pub mod pty;
 pub mod queue;
 pub mod relay;
 pub mod request;
+pub mod setup;
 pub mod signals;
 pub mod vsock;
 
@@ -81,6 +82,12 @@ fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
         say!("exec agent: {message}");
         finish::fail(conn, message, INIT_FAILURE as u8)
     };
+    // The root and shares first: the rest of the request lives in them.
+    if let Some(setup) = &request.setup {
+        if let Err(err) = setup::apply(setup) {
+            return fail(conn, format!("cannot set up the machine: {err}"));
+        }
+    }
     let mut prepared = match request::prepare(request) {
         Ok(prepared) => prepared,
         Err(err) => return fail(conn, format!("bad exec request: {err}")),

@@ -11,7 +11,9 @@ pub mod image;
 mod request;
 mod root_file;
 pub mod run;
+pub mod snapshot_cmd;
 mod stats;
+pub mod template;
 mod vm_args;
 
 pub use failure::Failure;

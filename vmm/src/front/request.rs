@@ -6,11 +6,12 @@ use std::fs::File;
 use std::path::PathBuf;
 
 use mvm_image::ImageConfig;
-use mvm_protocol::ExecRequest;
+use mvm_protocol::boot::{MountParam, RootParam};
+use mvm_protocol::{ExecRequest, Setup, SETUP_ENTROPY_BYTES};
 
 use super::run::RunArgs;
 use super::{setup_failure, Failure};
-use crate::config::RootDisk;
+use crate::config::{RootDisk, VmConfig};
 use crate::session::{self, terminal};
 use crate::shares::WORKSPACE_GUEST_PATH;
 
@@ -50,6 +51,34 @@ pub(super) fn root_disk(
         path,
         scratch_bytes,
     }))
+}
+
+/// What the guest mounts before the command: the root disk and the
+/// shares `config` attaches, with fresh entropy (the clock is read when
+/// the request is sent).
+pub(super) fn machine_setup(config: &VmConfig) -> Result<Setup, Failure> {
+    let root = config.root_disk.as_ref().map(|d| RootParam {
+        scratch_bytes: d.scratch_bytes,
+    });
+    let mounts: Vec<MountParam> = config
+        .shares
+        .iter()
+        .map(|s| MountParam {
+            tag: s.tag.clone(),
+            read_only: s.read_only,
+            path: s.guest_path.as_bytes().to_vec(),
+        })
+        .collect();
+    let mut entropy = [0u8; SETUP_ENTROPY_BYTES];
+    // SAFETY: entropy is valid for writes of its length.
+    let n = unsafe { libc::getrandom(entropy.as_mut_ptr().cast(), entropy.len(), 0) };
+    if n != entropy.len() as isize {
+        return Err(setup_failure(format!(
+            "cannot read the host's random source: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(Setup::new(root.as_ref(), &mounts, 0, &entropy))
 }
 
 /// The caller's login name for the guest's /etc/passwd: $USER or
@@ -119,6 +148,7 @@ pub(super) fn exec_request(
         user_name: (image_root && uid != 0).then(login_name),
         user: args.user.clone(),
         egress: false,
+        setup: None,
     })
 }
 

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use mvm_protocol::{boot::agent_param, ExecRequest, GUEST_CID};
 
-use super::request::{exec_request, root_disk};
+use super::request::{exec_request, machine_setup, root_disk};
+use super::template::{self, Plan};
 use super::{
     beside_binary, confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure,
     vmm_failure, Failure, VmArgs, BASE_CMDLINE,
@@ -122,6 +123,11 @@ pub struct RunArgs {
     /// memory, gone when the VM ends) [default: half of --memory]
     #[arg(long, value_name = "SIZE")]
     pub scratch: Option<String>,
+    /// Boot the kernel instead of restoring a template, and save none
+    /// (by default a run restores the template of its machine, made by the
+    /// first run that needed it: docs/snapshots.md)
+    #[arg(long, env = "MVM_NO_SNAPSHOT")]
+    pub no_snapshot: bool,
 }
 
 /// `mvm run`: the VM options, the run options and the command.
@@ -244,7 +250,18 @@ fn run_in_vm(
         backends.push(backend);
         config.shares.push(fs);
     }
+    request.setup = Some(Box::new(machine_setup(&config)?));
     front.mark("helpers started");
+    // After the helpers, so that a template's key sees the whole machine.
+    let plan = match args.no_snapshot {
+        true => Plan::Cold,
+        false => template::plan(&config),
+    };
+    front.mark(match plan {
+        Plan::Restore { .. } => "template found",
+        Plan::Create { .. } => "no template: this run makes it",
+        Plan::Cold => "booting cold",
+    });
     let console: Box<dyn io::Write + Send> = if args.console {
         Box::new(io::stderr())
     } else {
@@ -256,7 +273,36 @@ fn run_in_vm(
     };
     let console = ConsoleOutput::new(console);
     let oom_seen = console.oom_flag();
-    let mut machine = match boot::boot(&config, console) {
+    let (built, creating) = match plan {
+        Plan::Restore { key, loaded } => (
+            crate::machine::restore_loaded(&config, console, loaded).inspect_err(|_| {
+                // A template that passed its checks but does not fit this
+                // machine: the next run must not find it again.
+                if let Some(store) = template::store_dir() {
+                    template::remove(&store, &key);
+                }
+            }),
+            None,
+        ),
+        Plan::Create {
+            key,
+            dir,
+            store,
+            info,
+            _lock,
+        } => (
+            boot::boot(&config, console),
+            Some(Creating {
+                key,
+                dir,
+                store,
+                info,
+                _lock,
+            }),
+        ),
+        Plan::Cold => (boot::boot(&config, console), None),
+    };
+    let mut machine = match built {
         Ok(machine) => machine,
         // A backend that failed to start shows up as a broken connection;
         // its own words say why.
@@ -293,11 +339,14 @@ fn run_in_vm(
             .collect::<Vec<_>>(),
     );
     let base_dir = dir.path().parent().unwrap_or(dir.path()).to_path_buf();
+    if creating.is_some() {
+        crate::confine::seccomp::allow_snapshots();
+    }
     confine_vmm(
         vm.confinement(),
         Some(crate::confine::landlock::Writable {
             session: Some((dir.path(), &base_dir)),
-            snapshot_parent: None,
+            snapshot_parent: creating.as_ref().map(|c| c.store.as_path()),
         }),
     )?;
 
@@ -307,17 +356,32 @@ fn run_in_vm(
     signals::forward(stop.clone(), target.clone())
         .map_err(|e| setup_failure(format!("cannot install signal handlers: {e}")))?;
     let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
+    let (gate, gate_rx) = match creating {
+        Some(_) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            (Some(tx), Some(rx))
+        }
+        None => (None, None),
+    };
     let session = session::start(
         dir.vsock_path(),
         request,
         args.interactive,
         stop.clone(),
         target,
+        gate_rx,
     )
     .map_err(|e| setup_failure(format!("cannot start the session thread: {e}")))?;
 
     let deadline = timeout.map(|t| Instant::now() + t);
     machine.start().map_err(vmm_failure)?;
+    if let (Some(creating), Some(gate)) = (creating, gate) {
+        if save_template(&mut machine, &creating, deadline, vm.print_stats)? {
+            // The guest is ready and saved: the session may connect.
+            let _ = gate.send(());
+        }
+        front.mark("template saved");
+    }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
     if let Some(at) = session.command_started() {
         front.mark_at("agent connected, command sent", at);
@@ -351,6 +415,74 @@ fn run_in_vm(
         print_console_tail(&dir.console_path());
     }
     Err(failure)
+}
+
+/// The template this run saves when guest-init is ready.
+struct Creating {
+    key: String,
+    dir: PathBuf,
+    store: PathBuf,
+    info: template::TemplateInfo,
+    /// Held until the template is written: one writer per key.
+    _lock: File,
+}
+
+/// How often the loop looks for guest-init's ready marker.
+const MARKER_POLL: Duration = Duration::from_millis(2);
+
+/// Serves the machine until guest-init is ready, then pauses it, saves it
+/// as the template and lets it go on. False when the machine stopped
+/// first (its outcome says why). A template that cannot be written is a
+/// warning: the run goes on as a cold boot would.
+fn save_template(
+    machine: &mut crate::machine::Machine,
+    creating: &Creating,
+    deadline: Option<Instant>,
+    print_stats: bool,
+) -> Result<bool, Failure> {
+    use crate::machine::event_loop::Wait;
+    use mvm_protocol::boot::MARKER_INIT_READY;
+    loop {
+        if machine.has_marker(MARKER_INIT_READY) {
+            break;
+        }
+        let step = Instant::now() + MARKER_POLL;
+        let until = deadline.map_or(step, |d| d.min(step));
+        if machine.run_until(Some(until)).map_err(vmm_failure)? == Wait::Stopped {
+            return Ok(false);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            // machine.wait() sees the deadline and stops it.
+            return Ok(false);
+        }
+    }
+    let at = Instant::now();
+    machine.pause().map_err(vmm_failure)?;
+    let saved = machine.snapshot(&creating.dir);
+    machine.resume();
+    let took = at.elapsed();
+    match saved {
+        Ok(()) => {
+            if let Err(e) = template::describe(&creating.store, &creating.key, &creating.info) {
+                eprintln!(
+                    "mvm: warning: cannot describe template {}: {e}",
+                    creating.key
+                );
+            }
+            if print_stats {
+                eprintln!(
+                    "mvm: template {} saved in {:.1} ms",
+                    creating.key,
+                    took.as_secs_f64() * 1e3
+                );
+            }
+        }
+        Err(e) => eprintln!(
+            "mvm: warning: cannot save template {} ({e}); the next run boots cold again",
+            creating.key
+        ),
+    }
+    Ok(true)
 }
 
 /// The run's exit status from how the machine ended and what the exec

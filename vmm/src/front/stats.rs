@@ -22,6 +22,11 @@ pub(crate) fn print_stats(
     }
     let mut timeline = front.clone();
     timeline.extend(machine.timeline());
+    // A restored guest's markers are its template's, from another boot.
+    let markers: &[(u8, Instant)] = match machine.is_restored() {
+        true => &[],
+        false => &ended.markers,
+    };
     for (marker, name) in [
         (
             BOOT_MARKER_INIT_STARTED,
@@ -29,7 +34,7 @@ pub(crate) fn print_stats(
         ),
         (BOOT_MARKER_INIT_READY, "guest-init ready (shares mounted)"),
     ] {
-        if let Some((_, at)) = ended.markers.iter().find(|(m, _)| *m == marker) {
+        if let Some((_, at)) = markers.iter().find(|(m, _)| *m == marker) {
             timeline.mark_at(name, *at);
         }
     }
@@ -40,13 +45,15 @@ pub(crate) fn print_stats(
     for (ms, name) in timeline.since(started) {
         eprintln!("mvm: phase: +{ms:.1} ms {name}");
     }
-    let boot_to_init = ended
-        .markers
+    let boot_to_init = markers
         .iter()
         .find(|(m, _)| *m == BOOT_MARKER_INIT_STARTED)
         .map(|(_, at)| at.saturating_duration_since(started));
     match boot_to_init {
         Some(d) => eprintln!("mvm: boot to init: {:.1} ms", d.as_secs_f64() * 1e3),
+        None if machine.is_restored() => {
+            eprintln!("mvm: boot to init: none (restored from a template)")
+        }
         None => eprintln!("mvm: boot to init: no boot marker from the guest"),
     }
     eprintln!("mvm: wall: {:.3} s", started.elapsed().as_secs_f64());

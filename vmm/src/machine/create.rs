@@ -107,6 +107,7 @@ pub fn create(
         vcpus,
         handles: Vec::new(),
         timeline,
+        restored: false,
     };
     Ok((machine, kvm))
 }

@@ -1,13 +1,13 @@
 //! A virtio-fs device whose backend (virtiofsd, started by the caller)
 //! listens on `share.socket`. The queue eventfds and the irqfd go to the
 //! backend as its kick and call fds, so guest requests and their
-//! completions never stop in the VMM; the `mvm.mount=` parameter tells
-//! guest-init where to mount it (the boot contract, docs/protocol.md).
+//! completions never stop in the VMM. Where the guest mounts it is the
+//! run's business, told in the exec channel's setup (docs/protocol.md),
+//! not the machine's: a template's device serves any directory.
 
 use std::os::unix::net::UnixStream;
 
 use mvm_devices::virtio::fs;
-use mvm_protocol::boot::MountParam;
 
 use super::attach::{attach_virtio, DeviceEnv, Error, Signaller, VirtioSpec};
 use crate::config::FsShare;
@@ -46,13 +46,5 @@ pub fn attach_fs(
         })?;
         Ok((device, Box::new(handler)))
     })?;
-    env.cmdline_extra.push(
-        MountParam {
-            tag: share.tag.clone(),
-            read_only: share.read_only,
-            path: share.guest_path.as_bytes().to_vec(),
-        }
-        .to_param(),
-    );
     Ok(())
 }

@@ -115,6 +115,9 @@ pub struct Machine {
     handles: Vec<VcpuHandle>,
     /// When each step of building and running it ended.
     timeline: Timeline,
+    /// Restored from a snapshot, not booted: guest-init's boot markers are
+    /// the saved machine's.
+    restored: bool,
 }
 
 /// How a machine's run ended, and what the guest reported on the way.
@@ -127,7 +130,7 @@ pub struct Ended {
     pub vcpus_left_behind: usize,
 }
 
-pub use restore::restore;
+pub use restore::{restore, restore_loaded};
 
 /// A machine whose devices are rebuilt from `saved` instead of fresh, its
 /// vCPUs created but not configured: the half of a restore that boot
@@ -155,6 +158,11 @@ impl Machine {
     /// When each step of building and running it ended.
     pub fn timeline(&self) -> &Timeline {
         &self.timeline
+    }
+
+    /// Whether it was restored from a snapshot rather than booted.
+    pub fn is_restored(&self) -> bool {
+        self.restored
     }
 
     /// Whether guest-init has written `marker` to the status port yet.

@@ -23,7 +23,17 @@ pub fn restore(config: &VmConfig, console: ConsoleOutput, dir: &Path) -> Result<
             "a machine with shared directories cannot be restored yet".into(),
         ));
     }
-    let Loaded { state, memory } = snapshot::read(dir)?;
+    restore_loaded(config, console, snapshot::read(dir)?)
+}
+
+/// [`restore`] from a snapshot already read and checked (a template
+/// `mvm run` checked before starting anything else).
+pub fn restore_loaded(
+    config: &VmConfig,
+    console: ConsoleOutput,
+    loaded: Loaded,
+) -> Result<Machine, Error> {
+    let Loaded { state, memory } = loaded;
     if state.mem_size != config.mem_size || state.vcpus.len() != usize::from(config.vcpus) {
         return Err(Error::Restore(format!(
             "the snapshot is of a machine with {} MiB and {} vCPUs, not {} MiB and {}",
@@ -48,5 +58,6 @@ pub fn restore(config: &VmConfig, console: ConsoleOutput, dir: &Path) -> Result<
     }
     machine.timeline.mark("vcpu state restored");
     machine.cmdline = state.cmdline;
+    machine.restored = true;
     Ok(machine)
 }

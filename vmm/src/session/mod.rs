@@ -43,13 +43,16 @@ pub struct Session {
 }
 
 /// Starts the exec client: it waits for the guest agent, sends `request`
-/// and relays the command's stdio until it exits.
+/// and relays the command's stdio until it exits. With a `gate`, it first
+/// waits for that (the machine is being saved as a template: no
+/// connection may exist in it); a gate dropped unopened ends the session.
 pub fn start(
     uds: PathBuf,
     request: ExecRequest,
     forward_stdin: bool,
     vm: StopHandle,
     target: Target,
+    gate: Option<Receiver<()>>,
 ) -> std::io::Result<Session> {
     let (tx, done) = mpsc::channel();
     let stream = Arc::new(Mutex::new(None));
@@ -60,15 +63,20 @@ pub fn start(
         .name("mvm-session".into())
         .spawn(move || {
             seccomp::install_or_exit(ThreadKind::Session);
-            let result = exec(
-                &uds,
-                request,
-                forward_stdin,
-                &vm,
-                &target,
-                &slot,
-                &started_slot,
-            );
+            let opened = gate.is_none_or(|g| g.recv().is_ok());
+            let result = if !opened {
+                Err(client::Error::VmGone)
+            } else {
+                exec(
+                    &uds,
+                    request,
+                    forward_stdin,
+                    &vm,
+                    &target,
+                    &slot,
+                    &started_slot,
+                )
+            };
             // After the command's exit, and just as much after a channel
             // that broke or carried garbage (a guest that misbehaves must
             // not keep the run alive until --timeout): guest-init gets the
@@ -86,7 +94,7 @@ pub fn start(
 
 fn exec(
     uds: &std::path::Path,
-    request: ExecRequest,
+    mut request: ExecRequest,
     forward_stdin: bool,
     vm: &StopHandle,
     target: &Target,
@@ -94,6 +102,11 @@ fn exec(
     started: &Mutex<Option<Instant>>,
 ) -> Result<Ended, client::Error> {
     let stream = client::connect(uds, AGENT_PORT, &|| vm.is_stopped())?;
+    // The clock as it is now that the guest listens: a restored guest's
+    // stands where its template's stood.
+    if let Some(setup) = request.setup.as_mut() {
+        setup.wall_clock_ns = wall_clock_ns();
+    }
     if let Ok(mut s) = slot.lock() {
         *s = stream.try_clone().ok();
     }
@@ -116,6 +129,13 @@ fn exec(
     // Closing tells the agent the host has everything; it reboots then.
     let _ = stream.shutdown(Shutdown::Both);
     exit
+}
+
+fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 fn stop_guest_if_lingering(vm: &StopHandle) {

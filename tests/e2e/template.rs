@@ -1,0 +1,124 @@
+//! Templates in `mvm run` end to end (docs/snapshots.md): the first run of
+//! a machine saves it when guest-init is ready, later runs restore it,
+//! with the default image and the workspace mounted after the restore.
+//! Two restored runs are not twins; a damaged or truncated template is
+//! dropped with a warning and the run boots cold; two runs that both
+//! create the same template leave one whole template; `mvm snapshot ls`
+//! and `rm` see and remove it. All in one test host (its tmpfs holds the
+//! templates).
+
+use mvm_e2e::{mvm_with, Options};
+
+/// What a restored run prints: boot id, 16 random bytes, the guest's
+/// clock, a line of the workspace, the image's Debian version.
+const PROBE: &str = "cat /proc/sys/kernel/random/boot_id; head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s; head -1 /workspace/Cargo.toml; cat /etc/debian_version";
+
+const AFTER: &str = r#"
+MVM=/mvm/bin/mvm; [ -x "$MVM" ] || MVM=build/bin/mvm
+export MVM_NO_SNAPSHOT=0 MVM_TEMPLATES=/run/tmp/e2e-templates
+T=$MVM_TEMPLATES
+keys() { ls "$T" | grep -E '^[0-9a-f]{32}$'; }
+key=$(keys | head -1)
+echo "templates: $(keys | wc -l)"
+echo "modes: $(stat -c %a "$T" "$T/$key" "$T/$key/memory" | tr '\n' ' ')"
+for i in 1 2; do
+  $MVM run --print-stats -- sh -c "$PROBE" >/run/tmp/r$i.out 2>/run/tmp/r$i.err
+  echo "run $i: status $?"
+  sed "s/^/r$i: /" /run/tmp/r$i.out
+  grep -h 'boot to init\|warning' /run/tmp/r$i.err | sed "s/^/r$i err: /"
+done
+echo "host-clock: $(date +%s)"
+printf x | dd of="$T/$key/state.json" bs=1 seek=100 conv=notrunc 2>/dev/null
+$MVM run -- true 2>/run/tmp/d.err; echo "damaged state: status $? $(grep -c 'unusable' /run/tmp/d.err) warning(s); again: $(keys | wc -l)"
+truncate -s 4096 "$T/$key/memory"
+$MVM run -- true 2>/run/tmp/t.err; echo "truncated memory: status $? $(grep -c 'unusable' /run/tmp/t.err) warning(s); again: $(keys | wc -l)"
+$MVM run -- true 2>/run/tmp/u.err; echo "after the new one: status $? $(grep -c 'warning' /run/tmp/u.err) warning(s)"
+rm -rf "$T"
+$MVM run -- sh -c 'echo a' >/run/tmp/c1.out 2>&1 & p1=$!
+$MVM run -- sh -c 'echo b' >/run/tmp/c2.out 2>&1 & p2=$!
+wait $p1; s1=$?; wait $p2; s2=$?
+echo "concurrent: $s1 $s2 $(cat /run/tmp/c1.out /run/tmp/c2.out | tr '\n' ' ')templates $(keys | wc -l) temporaries $(ls -a "$T" | grep -c tmp)"
+$MVM run -- true; echo "restore after concurrent: status $?"
+echo "ls: $($MVM snapshot ls | grep -c -E '^[0-9a-f]{32} ')"
+$MVM snapshot rm --all >/dev/null; echo "rm: status $? left $(keys | wc -l)"
+"#;
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
+    let after = AFTER.replace("$PROBE", &format!("'{}'", PROBE.replace('\'', "'\\''")));
+    let run = mvm_with(
+        &Options {
+            after: Some(&after),
+            testhost_timeout: Some(400),
+            env: &[
+                ("MVM_NO_SNAPSHOT", "0"),
+                ("MVM_TEMPLATES", "/run/tmp/e2e-templates"),
+            ],
+            ..Options::default()
+        },
+        &["run", "--print-stats", "--", "true"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stderr.contains("mvm: template "), "{}", run.stderr);
+    assert!(run.stderr.contains(" saved in "), "{}", run.stderr);
+    let after = run.after_lines();
+    let text = after.join("\n");
+    let line = |prefix: &str| -> Vec<&str> {
+        after
+            .iter()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .collect()
+    };
+    assert!(text.contains("templates: 1"), "{text}");
+    assert!(text.contains("modes: 700 700 600"), "{text}");
+    for i in 1..=2 {
+        assert!(text.contains(&format!("run {i}: status 0")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "r{i} err: mvm: boot to init: none (restored from a template)"
+            )),
+            "run {i} was not restored: {text}"
+        );
+    }
+    let (r1, r2) = (line("r1: "), line("r2: "));
+    assert_eq!(r1.len(), 6, "{text}");
+    assert_eq!(r2.len(), 6, "{text}");
+    assert_ne!(r1[0], r2[0], "the same boot id twice: {text}");
+    assert_ne!(r1[1], r2[1], "the same random bytes twice: {text}");
+    assert_eq!(r1[1].len(), 32, "{text}");
+    // The guests' clocks are the host's, not the template's.
+    let host: i64 = line("host-clock: ")[0].parse().unwrap();
+    for r in [&r1, &r2] {
+        let guest: i64 = r[2].parse().unwrap();
+        assert!(
+            (host - guest).abs() <= 30,
+            "guest clock {guest}, host {host}: {text}"
+        );
+        // The workspace and the image, both mounted after the restore.
+        assert_eq!(r[3], "[workspace]", "{text}");
+        assert!(r[4].starts_with("12."), "{text}");
+    }
+    assert!(
+        text.contains("damaged state: status 0 1 warning(s); again: 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("truncated memory: status 0 1 warning(s); again: 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("after the new one: status 0 0 warning(s)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("concurrent: 0 0 a b templates 1 temporaries 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("restore after concurrent: status 0"),
+        "{text}"
+    );
+    assert!(text.contains("ls: 1"), "{text}");
+    assert!(text.contains("rm: status 0 left 0"), "{text}");
+}
