@@ -51,6 +51,12 @@ pub const ROOT_PARAM: &str = "mvm.root";
 pub const ROOT_DEVICE: &str = "vda";
 /// The block device's id (GET_ID: /sys/block/vda/serial in the guest).
 pub const ROOT_DISK_ID: &str = "mvm-root";
+/// The root disk's advertised capacity in 512-byte sectors: 64 GiB,
+/// whatever the image's size, so that the guest sees the same disk under
+/// every image and one VM template fits them all. The image lies at the
+/// disk's start and EROFS reads only its own blocks; the guest sees the
+/// rest as zeros. An image larger than this cannot be attached.
+pub const ROOT_DISK_SECTORS: u64 = (64 << 30) / 512;
 
 /// `mvm.agent=1`, as the VMM passes it.
 pub fn agent_param() -> String {

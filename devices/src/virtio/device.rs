@@ -153,7 +153,10 @@ pub trait VirtioDevice: Send {
     fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError>;
     /// The queues as the running device has advanced them (after
     /// DRIVER_OK the device, not the transport, owns the ring positions);
-    /// None while it is not running.
+    /// None while it is not running, and always for a device whose
+    /// positions live in a backend process (virtio-fs): the transport then
+    /// saves its own queues, and such a device's `save` must refuse once
+    /// the rings have moved.
     fn active_queues(&self) -> Option<Vec<QueueState>>;
     /// Refuses a snapshot taken of another device (kind, CID, tag).
     fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError>;

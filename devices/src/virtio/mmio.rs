@@ -150,7 +150,10 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     /// The registers, the queues (with the running device's ring
-    /// positions) and the device's identity.
+    /// positions) and the device's identity. A device that does not track
+    /// its positions (`active_queues` is None: vhost-user, whose backend
+    /// holds them) saves running only while they are still where the
+    /// transport's own queues say, at 0; its `save` refuses otherwise.
     pub fn save(&self) -> Result<TransportSnapshot, SaveError> {
         let device = self.device.save()?;
         let live = self
@@ -178,7 +181,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
     /// A transport in front of `device` as `saved` left it. Everything in
     /// `saved` is checked against the device (type, queue count and
     /// sizes, identity, addresses within guest memory); a device that was
-    /// running is activated again with the saved ring positions.
+    /// running is activated again with the saved ring positions (for
+    /// virtio-fs: its rings go to the new backend, at 0).
     pub fn restore(
         device: D,
         mem: GuestMemoryMmap,

@@ -1,11 +1,13 @@
 //! The image root's disk: a read-only virtio-blk device over the EROFS
-//! file, and the `mvm.root=` parameter that tells guest-init to mount it
+//! file, advertised at the fixed capacity `ROOT_DISK_SECTORS` whatever the
+//! image's size (the guest sees zeros past the image), and the `mvm.root=`
+//! parameter that tells guest-init to mount it
 //! (the boot contract, docs/protocol.md).
 
 use std::fs::File;
 
 use mvm_devices::virtio::block;
-use mvm_protocol::boot::{RootParam, ROOT_DISK_ID};
+use mvm_protocol::boot::{RootParam, ROOT_DISK_ID, ROOT_DISK_SECTORS};
 
 use super::attach::{attach_virtio, DeviceEnv, Error, Signaller, VirtioSpec};
 use crate::config::RootDisk;
@@ -25,8 +27,11 @@ pub fn attach_root_disk(env: &mut DeviceEnv, disk: &RootDisk) -> Result<(), Erro
         signaller: Signaller::Device,
     };
     attach_virtio(env, spec, |wiring| {
-        let (device, handler) = block::new(file, ROOT_DISK_ID, wiring.queue_evts)
-            .map_err(|e| Error::RootDisk(shown.clone(), e.to_string()))?;
+        // An image larger than the fixed capacity is refused here
+        // (block::Error::LargerThanCapacity names both sizes).
+        let (device, handler) =
+            block::new_with_capacity(file, ROOT_DISK_ID, wiring.queue_evts, ROOT_DISK_SECTORS)
+                .map_err(|e| Error::RootDisk(shown.clone(), e.to_string()))?;
         Ok((device, Box::new(handler)))
     })?;
     env.cmdline_extra.push(

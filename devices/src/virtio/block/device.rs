@@ -59,7 +59,8 @@ impl Block {
         }
     }
 
-    /// The disk's size in 512-byte sectors.
+    /// The disk's capacity in 512-byte sectors, as the guest sees it
+    /// (the file's size, or more: see [`super::new_with_capacity`]).
     pub fn sectors(&self) -> u64 {
         self.sectors
     }
@@ -109,7 +110,9 @@ impl VirtioDevice for Block {
         self.wake.write(1).map_err(|e| Error::Wake(e.to_string()))
     }
 
-    /// The id and size identify the disk; requests are never in flight
+    /// The id and capacity identify the disk (the capacity, not the
+    /// file's size: a disk advertised larger than its file restores over
+    /// any file that fits); requests are never in flight
     /// between events, so the ring positions (saved by the transport) are
     /// all the rest.
     fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {

@@ -33,13 +33,14 @@ impl BlockHandler {
         queue_evt: EventFd,
         file: File,
         id: &str,
+        file_len: u64,
         sectors: u64,
     ) -> Self {
         Self {
             shared,
             wake,
             queue_evt,
-            disk: Disk::new(file, id, sectors),
+            disk: Disk::new(file, id, file_len, sectors),
             served: 0,
         }
     }

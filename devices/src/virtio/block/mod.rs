@@ -8,6 +8,12 @@
 //! UNSUPP. Every length the guest gives is checked (request.rs) before a
 //! byte of the file is read.
 //!
+//! The capacity the guest sees is normally the file's size. A device made
+//! with [`new_with_capacity`] advertises more: the file lies at the disk's
+//! start and every sector past its end (inside the capacity) reads as
+//! zeros, so disks of one capacity look alike to the guest whatever file
+//! is behind them (a VM template's root disk).
+//!
 //! Threads: the [`Block`] half sits behind the MMIO transport (vCPU
 //! threads); the [`BlockHandler`] half is an event-loop subscriber that
 //! serves the one request queue. Requests are served synchronously with
@@ -41,6 +47,10 @@ pub enum Error {
     NotSectorAligned(u64),
     #[error("the disk image is empty")]
     Empty,
+    #[error("the disk image is {len} bytes, more than the disk's capacity of {sectors} 512-byte sectors")]
+    LargerThanCapacity { len: u64, sectors: u64 },
+    #[error("a disk of {0} sectors is larger than any file can be")]
+    CapacityTooLarge(u64),
     #[error("the disk id {0:?} is longer than {ID_BYTES} bytes")]
     IdTooLong(String),
     #[error("virtio-blk needs {QUEUE_COUNT} queue eventfd, got {0}")]
@@ -52,14 +62,29 @@ pub enum Error {
 /// The device (for the MMIO transport) and its event-loop handler. `file`
 /// is the disk, opened read-only by the caller; `id` is what GET_ID
 /// answers (the guest shows it as /sys/block/vdX/serial); `queue_evts`
-/// holds the request queue's notification eventfd.
+/// holds the request queue's notification eventfd. The capacity is the
+/// file's size.
 pub fn new(file: File, id: &str, queue_evts: Vec<EventFd>) -> Result<(Block, BlockHandler), Error> {
-    let len = file.metadata().map_err(Error::Metadata)?.len();
-    if len == 0 {
-        return Err(Error::Empty);
+    let len = image_len(&file)?;
+    new_with_capacity(file, id, queue_evts, len / SECTOR_SIZE)
+}
+
+/// As [`new`], but the guest sees a disk of `sectors` 512-byte sectors,
+/// at least the file's size: the file's bytes first, then zeros up to
+/// the capacity. Reads past the capacity are I/O errors, as with [`new`].
+/// The snapshot names this capacity, not the file's size.
+pub fn new_with_capacity(
+    file: File,
+    id: &str,
+    queue_evts: Vec<EventFd>,
+    sectors: u64,
+) -> Result<(Block, BlockHandler), Error> {
+    let len = image_len(&file)?;
+    if sectors.checked_mul(SECTOR_SIZE).is_none() {
+        return Err(Error::CapacityTooLarge(sectors));
     }
-    if !len.is_multiple_of(SECTOR_SIZE) {
-        return Err(Error::NotSectorAligned(len));
+    if len > sectors * SECTOR_SIZE {
+        return Err(Error::LargerThanCapacity { len, sectors });
     }
     if id.len() > ID_BYTES {
         return Err(Error::IdTooLong(id.to_string()));
@@ -69,13 +94,24 @@ pub fn new(file: File, id: &str, queue_evts: Vec<EventFd>) -> Result<(Block, Blo
         .map_err(|v: Vec<EventFd>| Error::QueueEvents(v.len()))?;
     let wake = EventFd::new(EFD_NONBLOCK).map_err(Error::EventFd)?;
     let shared = Arc::new(Mutex::new(Shared::default()));
-    let sectors = len / SECTOR_SIZE;
     let device = Block::new(
         id.to_string(),
         sectors,
         shared.clone(),
         wake.try_clone().map_err(Error::EventFd)?,
     );
-    let handler = BlockHandler::new(shared, wake, queue_evt, file, id, sectors);
+    let handler = BlockHandler::new(shared, wake, queue_evt, file, id, len, sectors);
     Ok((device, handler))
+}
+
+/// The file's length: not empty, whole sectors.
+fn image_len(file: &File) -> Result<u64, Error> {
+    let len = file.metadata().map_err(Error::Metadata)?.len();
+    if len == 0 {
+        return Err(Error::Empty);
+    }
+    if !len.is_multiple_of(SECTOR_SIZE) {
+        return Err(Error::NotSectorAligned(len));
+    }
+    Ok(len)
 }

@@ -41,22 +41,27 @@ fn read_header(reader: &mut Reader) -> Option<Header> {
     })
 }
 
-/// The disk a request is served from.
+/// The disk a request is served from: `file_len` bytes of the file, then
+/// zeros up to the capacity of `sectors`.
 pub(super) struct Disk {
     file: File,
     id: [u8; ID_BYTES],
+    /// The file's length when the device was made, at most the capacity.
+    file_len: u64,
+    /// The capacity the guest sees.
     sectors: u64,
     buf: Vec<u8>,
 }
 
 impl Disk {
-    pub(super) fn new(file: File, id: &str, sectors: u64) -> Self {
+    pub(super) fn new(file: File, id: &str, file_len: u64, sectors: u64) -> Self {
         let mut padded = [0u8; ID_BYTES];
         let len = id.len().min(ID_BYTES);
         padded[..len].copy_from_slice(&id.as_bytes()[..len]);
         Self {
             file,
             id: padded,
+            file_len,
             sectors,
             buf: vec![0; READ_CHUNK],
         }
@@ -98,8 +103,9 @@ impl Disk {
         (data.bytes_written() + 1) as u32
     }
 
-    /// VIRTIO_BLK_T_IN: whole sectors inside the disk, at most
-    /// MAX_REQUEST_BYTES, read in READ_CHUNK pieces.
+    /// VIRTIO_BLK_T_IN: whole sectors inside the disk's capacity, at most
+    /// MAX_REQUEST_BYTES, read in READ_CHUNK pieces; the part of a chunk
+    /// past the file's end is zeros, not read.
     fn read(&mut self, sector: u64, data: &mut Writer) -> u32 {
         let len = data.available_bytes();
         if !len.is_multiple_of(SECTOR_SIZE as usize) || len > MAX_REQUEST_BYTES {
@@ -116,12 +122,18 @@ impl Disk {
         let mut left = len;
         while left > 0 {
             let n = left.min(self.buf.len());
-            // A short read means the file shrank under the VM: an error,
-            // never stale or zero bytes passed off as the disk's.
-            if self.file.read_exact_at(&mut self.buf[..n], at).is_err() {
+            let chunk = &mut self.buf[..n];
+            // At most n, so it fits in usize.
+            let from_file = self.file_len.saturating_sub(at).min(n as u64) as usize;
+            let (file_part, zeros) = chunk.split_at_mut(from_file);
+            // A short read inside the file's length means the file shrank
+            // under the VM: an error, never stale or zero bytes passed off
+            // as the disk's. Only bytes past the length it had are zeros.
+            if self.file.read_exact_at(file_part, at).is_err() {
                 return VIRTIO_BLK_S_IOERR;
             }
-            if data.write_all(&self.buf[..n]).is_err() {
+            zeros.fill(0);
+            if data.write_all(chunk).is_err() {
                 return VIRTIO_BLK_S_IOERR;
             }
             at += n as u64;

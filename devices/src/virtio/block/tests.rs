@@ -26,14 +26,30 @@ const STATUS: u64 = 0x1f_0000;
 /// 64 sectors, each filled with its own number so a read from the wrong
 /// offset shows.
 const DISK_SECTORS: u64 = 64;
+const DISK_LEN: u64 = DISK_SECTORS * SECTOR_SIZE;
 
 fn mem() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
 }
 
 fn disk_file() -> File {
+    disk_file_of(DISK_SECTORS)
+}
+
+/// `sectors` sectors, sector s filled with the byte `s % 251 + 1` (never
+/// 0, so zeros in place of data show).
+fn patterned_file(sectors: u64) -> File {
     let mut f = tempfile();
-    for s in 0..DISK_SECTORS {
+    for s in 0..sectors {
+        f.write_all(&[(s % 251 + 1) as u8; SECTOR_SIZE as usize])
+            .unwrap();
+    }
+    f
+}
+
+fn disk_file_of(sectors: u64) -> File {
+    let mut f = tempfile();
+    for s in 0..sectors {
         f.write_all(&[s as u8; SECTOR_SIZE as usize]).unwrap();
     }
     f
@@ -78,12 +94,17 @@ fn serve(m: &GuestMemoryMmap, descs: &[RawDescriptor]) -> (u32, u8) {
     m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
     let q = MockSplitQueue::new(m, QUEUE_SIZE);
     let chain = q.build_desc_chain(descs).unwrap();
-    let mut disk = Disk::new(disk_file(), "mvm-root", DISK_SECTORS);
+    let mut disk = Disk::new(disk_file(), "mvm-root", DISK_LEN, DISK_SECTORS);
     let used = disk.serve(chain, m);
     (used, m.read_obj(GuestAddress(STATUS)).unwrap())
 }
 
 fn read_request(m: &GuestMemoryMmap, sector: u64, lens: &[u32]) -> (u32, u8) {
+    serve(m, &read_chain(m, sector, lens))
+}
+
+/// An IN request at `sector` into data buffers of `lens` from DATA.
+fn read_chain(m: &GuestMemoryMmap, sector: u64, lens: &[u32]) -> Vec<RawDescriptor> {
     header(m, VIRTIO_BLK_T_IN, sector);
     let mut descs = vec![desc(HDR, HEADER_LEN as u32, false)];
     let mut at = DATA;
@@ -92,7 +113,31 @@ fn read_request(m: &GuestMemoryMmap, sector: u64, lens: &[u32]) -> (u32, u8) {
         at += u64::from(len);
     }
     descs.push(desc(STATUS, 1, true));
-    serve(m, &descs)
+    descs
+}
+
+/// Serves `descs` from a disk of `file` (all of it) advertised as
+/// `capacity` sectors; returns (used length, status byte).
+fn serve_padded(
+    m: &GuestMemoryMmap,
+    file: File,
+    capacity: u64,
+    descs: &[RawDescriptor],
+) -> (u32, u8) {
+    m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    let len = file.metadata().unwrap().len();
+    let q = MockSplitQueue::new(m, QUEUE_SIZE);
+    let chain = q.build_desc_chain(descs).unwrap();
+    let mut disk = Disk::new(file, "mvm-root", len, capacity);
+    let used = disk.serve(chain, m);
+    (used, m.read_obj(GuestAddress(STATUS)).unwrap())
+}
+
+/// `len` bytes of guest memory from DATA.
+fn data(m: &GuestMemoryMmap, len: usize) -> Vec<u8> {
+    let mut got = vec![0u8; len];
+    m.read_slice(&mut got, GuestAddress(DATA)).unwrap();
+    got
 }
 
 #[test]
@@ -152,7 +197,12 @@ fn partial_sectors_and_oversized_requests_are_io_errors() {
             desc(STATUS, 1, true),
         ];
         let chain = q.build_desc_chain(&descs).unwrap();
-        let mut disk = Disk::new(big.try_clone().unwrap(), "x", sectors);
+        let mut disk = Disk::new(
+            big.try_clone().unwrap(),
+            "x",
+            sectors * SECTOR_SIZE,
+            sectors,
+        );
         disk.serve(chain, &m);
         m.read_obj::<u8>(GuestAddress(STATUS)).unwrap()
     };
@@ -176,7 +226,7 @@ fn writes_are_refused_and_leave_the_file_alone() {
         ])
         .unwrap();
     let file = disk_file();
-    let mut disk = Disk::new(file.try_clone().unwrap(), "x", DISK_SECTORS);
+    let mut disk = Disk::new(file.try_clone().unwrap(), "x", DISK_LEN, DISK_SECTORS);
     assert_eq!(disk.serve(chain, &m), 1);
     assert_eq!(
         m.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
@@ -230,7 +280,7 @@ fn malformed_chains() {
     let chain = q
         .build_desc_chain(&[desc(HDR, HEADER_LEN as u32, false)])
         .unwrap();
-    let mut disk = Disk::new(disk_file(), "x", DISK_SECTORS);
+    let mut disk = Disk::new(disk_file(), "x", DISK_LEN, DISK_SECTORS);
     assert_eq!(disk.serve(chain, &m), 0);
     // A data buffer that runs past the end of guest memory.
     let outside = [
@@ -353,5 +403,209 @@ fn refuses_bad_disks() {
     assert!(matches!(
         super::new(disk_file(), "an-id-longer-than-twenty", evt()),
         Err(super::Error::IdTooLong(_))
+    ));
+}
+
+/// The capacity of the padded disks below: the file's 64 sectors and 16
+/// more that only exist as zeros.
+const PADDED_SECTORS: u64 = DISK_SECTORS + 16;
+
+#[test]
+fn a_read_straddling_the_files_end_gives_its_data_then_zeros() {
+    let m = mem();
+    m.write_slice(&[0xaa; 2048], GuestAddress(DATA)).unwrap();
+    // The file's last two sectors and the first two past its end, in
+    // buffers that split both halves.
+    let descs = read_chain(&m, DISK_SECTORS - 2, &[512, 1024, 512]);
+    assert_eq!(
+        serve_padded(&m, disk_file(), PADDED_SECTORS, &descs),
+        (2048 + 1, VIRTIO_BLK_S_OK as u8)
+    );
+    let got = data(&m, 2048);
+    assert!(got[..512].iter().all(|&b| b == DISK_SECTORS as u8 - 2));
+    assert!(got[512..1024].iter().all(|&b| b == DISK_SECTORS as u8 - 1));
+    assert!(got[1024..].iter().all(|&b| b == 0), "zeros past the file");
+}
+
+#[test]
+fn a_read_straddling_the_files_end_in_a_later_chunk() {
+    // A file of 1.5 chunks read whole in one request of 3 chunks: the
+    // first chunk all file, the second half file, the third all zeros.
+    let m = mem();
+    let chunk = READ_CHUNK as u64;
+    let file_sectors = chunk * 3 / 2 / SECTOR_SIZE;
+    let len = 3 * READ_CHUNK;
+    m.write_slice(&vec![0xaa; len], GuestAddress(DATA)).unwrap();
+    let descs = read_chain(&m, 0, &[len as u32]);
+    assert_eq!(
+        serve_padded(&m, patterned_file(file_sectors), 4 * file_sectors, &descs),
+        (len as u32 + 1, VIRTIO_BLK_S_OK as u8)
+    );
+    let got = data(&m, len);
+    for (s, sector) in got.chunks(SECTOR_SIZE as usize).enumerate() {
+        let s = s as u64;
+        let want = if s < file_sectors {
+            (s % 251 + 1) as u8
+        } else {
+            0
+        };
+        assert!(sector.iter().all(|&b| b == want), "sector {s}");
+    }
+}
+
+#[test]
+fn a_read_past_the_files_end_inside_the_capacity_is_zeros() {
+    let m = mem();
+    m.write_slice(&[0xaa; 1024], GuestAddress(DATA)).unwrap();
+    // The capacity's last two sectors.
+    let descs = read_chain(&m, PADDED_SECTORS - 2, &[1024]);
+    assert_eq!(
+        serve_padded(&m, disk_file(), PADDED_SECTORS, &descs),
+        (1024 + 1, VIRTIO_BLK_S_OK as u8)
+    );
+    assert!(data(&m, 1024).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_read_past_the_capacity_is_an_io_error() {
+    let m = mem();
+    m.write_slice(&[0xaa; 1024], GuestAddress(DATA)).unwrap();
+    // The capacity's last sector and one past it; one wholly past it.
+    for sector in [PADDED_SECTORS - 1, PADDED_SECTORS] {
+        let descs = read_chain(&m, sector, &[1024]);
+        assert_eq!(
+            serve_padded(&m, disk_file(), PADDED_SECTORS, &descs),
+            (1, VIRTIO_BLK_S_IOERR as u8),
+            "sector {sector}"
+        );
+    }
+    assert!(
+        data(&m, 1024).iter().all(|&b| b == 0xaa),
+        "memory untouched"
+    );
+}
+
+#[test]
+fn a_file_that_shrank_is_still_an_io_error_not_zeros() {
+    // Zeros stand in only for bytes past the length the file had when the
+    // device was made; a short read inside it is the file shrinking.
+    let m = mem();
+    let file = disk_file();
+    let descs = read_chain(&m, DISK_SECTORS - 1, &[512]);
+    m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    let q = MockSplitQueue::new(&m, QUEUE_SIZE);
+    let chain = q.build_desc_chain(&descs).unwrap();
+    let mut disk = Disk::new(file.try_clone().unwrap(), "x", DISK_LEN, PADDED_SECTORS);
+    file.set_len(DISK_LEN - SECTOR_SIZE).unwrap();
+    assert_eq!(disk.serve(chain, &m), 1);
+    assert_eq!(
+        m.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_BLK_S_IOERR as u8
+    );
+}
+
+#[test]
+fn an_advertised_capacity_is_in_config_space_the_snapshot_and_the_handler() {
+    let m = mem();
+    let queue_evt = EventFd::new(EFD_NONBLOCK).unwrap();
+    let (mut dev, handler) = super::new_with_capacity(
+        disk_file(),
+        "mvm-root",
+        vec![queue_evt.try_clone().unwrap()],
+        PADDED_SECTORS,
+    )
+    .unwrap();
+    assert_eq!(dev.sectors(), PADDED_SECTORS);
+    let mut cap = [0u8; 8];
+    dev.read_config(0, &mut cap);
+    assert_eq!(u64::from_le_bytes(cap), PADDED_SECTORS);
+    let saved = dev.save().unwrap();
+    assert_eq!(
+        saved,
+        VirtioDeviceSnapshot::Block {
+            id: "mvm-root".into(),
+            sectors: PADDED_SECTORS
+        }
+    );
+    dev.check_snapshot(&saved).unwrap();
+    // A snapshot of a disk the file's size is another disk.
+    let file_sized = VirtioDeviceSnapshot::Block {
+        id: "mvm-root".into(),
+        sectors: DISK_SECTORS,
+    };
+    assert!(dev.check_snapshot(&file_sized).is_err());
+    // A template's disk restores over any file that fits the capacity.
+    let (other, _h) = super::new_with_capacity(
+        disk_file_of(8),
+        "mvm-root",
+        vec![EventFd::new(EFD_NONBLOCK).unwrap()],
+        PADDED_SECTORS,
+    )
+    .unwrap();
+    other.check_snapshot(&saved).unwrap();
+
+    // The handler serves the sector the file does not have as zeros.
+    m.write_slice(&[0xaa; 512], GuestAddress(DATA)).unwrap();
+    let q = MockSplitQueue::new(&m, QUEUE_SIZE);
+    header(&m, VIRTIO_BLK_T_IN, PADDED_SECTORS - 1);
+    q.add_desc_chains(
+        &[
+            RawDescriptor::from(SplitDescriptor::new(HDR, HEADER_LEN as u32, 1, 1)),
+            RawDescriptor::from(SplitDescriptor::new(
+                DATA,
+                512,
+                1 | VRING_DESC_F_WRITE as u16,
+                2,
+            )),
+            RawDescriptor::from(SplitDescriptor::new(
+                STATUS,
+                1,
+                VRING_DESC_F_WRITE as u16,
+                0,
+            )),
+        ],
+        0,
+    )
+    .unwrap();
+    let queue: Queue = q.create_queue().unwrap();
+    let interrupt = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+    let mut em = EventManager::<Box<dyn event_manager::MutEventSubscriber + Send>>::new().unwrap();
+    em.add_subscriber(Box::new(handler));
+    dev.activate(Activation {
+        mem: m.clone(),
+        queues: vec![queue],
+        interrupt,
+        acked_features: dev.features(),
+    })
+    .unwrap();
+    em.run_with_timeout(1000).unwrap();
+    assert_eq!(
+        m.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_BLK_S_OK as u8
+    );
+    assert!(data(&m, 512).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn refuses_a_capacity_smaller_than_the_file_or_beyond_any_file() {
+    let evt = || vec![EventFd::new(EFD_NONBLOCK).unwrap()];
+    assert!(matches!(
+        super::new_with_capacity(disk_file(), "x", evt(), DISK_SECTORS - 1),
+        Err(super::Error::LargerThanCapacity {
+            len: DISK_LEN,
+            sectors
+        }) if sectors == DISK_SECTORS - 1
+    ));
+    assert!(matches!(
+        super::new_with_capacity(disk_file(), "x", evt(), u64::MAX / SECTOR_SIZE + 1),
+        Err(super::Error::CapacityTooLarge(_))
+    ));
+    // Exactly the file's size is a plain disk.
+    let (dev, _h) = super::new_with_capacity(disk_file(), "x", evt(), DISK_SECTORS).unwrap();
+    assert_eq!(dev.sectors(), DISK_SECTORS);
+    // The file's own checks still apply.
+    assert!(matches!(
+        super::new_with_capacity(tempfile(), "x", evt(), PADDED_SECTORS),
+        Err(super::Error::Empty)
     ));
 }

@@ -1,6 +1,14 @@
 //! The virtio-fs device as its transport sees it (device ID 26): the
 //! backend's features, the tag in config space, and at activation the
 //! vhost-user setup that hands the queues to the backend.
+//!
+//! Snapshots: the ring positions of a running device live in virtiofsd,
+//! out of reach, so a running device can be saved only while no request
+//! has ever crossed it (every avail ring index still 0, every used ring
+//! empty). Linux's driver starts the device at probe, long before anything
+//! is mounted, so this is the state of every VM template; a restore hands
+//! the rings to a new backend at position 0, which is then exactly where
+//! they are.
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserVirtioFeatures};
@@ -9,7 +17,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_FS;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{CONFIG_SIZE, NUM_REQUEST_QUEUES, QUEUE_COUNT, QUEUE_SIZE, TAG_MAX_LEN};
@@ -35,8 +43,51 @@ pub struct VhostUserFs {
     kick_evts: Vec<EventFd>,
     /// The device's irqfd, every queue's call fd.
     call_evt: EventFd,
-    /// The backend holds rings of the current activation.
-    running: bool,
+    /// Some while the backend holds rings of the current activation.
+    running: Option<Rings>,
+}
+
+/// What a save needs of the rings the backend holds: where the driver
+/// publishes the buffers it makes available, and where the backend
+/// returns them.
+struct Rings {
+    mem: GuestMemoryMmap,
+    /// Each queue's avail ring (`le16 flags; le16 idx; ...`).
+    avail: Vec<GuestAddress>,
+    /// Each queue's used ring (`le16 flags; le16 idx; {le32 id; le32 len}
+    /// ring[]; ...`).
+    used: Vec<GuestAddress>,
+}
+
+impl Rings {
+    /// Why a request may have crossed the device, if one may have: a
+    /// queue whose avail index moved (the driver made a buffer available,
+    /// the backend may have consumed it), or whose first used element is
+    /// set (the backend completed a request: the avail index, a free
+    /// running u16, may have come round to 0 again; the driver's rings
+    /// start zeroed, Linux allocates them so), or that cannot be read.
+    fn crossed(&self) -> Option<String> {
+        let mut rings = self.avail.iter().zip(&self.used).enumerate();
+        rings.find_map(|(index, (&avail, &used))| {
+            let idx = avail
+                .checked_add(2)
+                .and_then(|at| self.mem.read_obj::<[u8; 2]>(at).ok());
+            let first_used = used
+                .checked_add(4)
+                .and_then(|at| self.mem.read_obj::<[u8; 8]>(at).ok());
+            let (Some(idx), Some(first_used)) = (idx, first_used) else {
+                return Some(format!("queue {index}'s rings cannot be read"));
+            };
+            let idx = u16::from_le_bytes(idx);
+            if idx != 0 {
+                return Some(format!("queue {index}'s avail index is {idx}"));
+            }
+            if first_used != [0; 8] {
+                return Some(format!("queue {index}'s used ring has an entry"));
+            }
+            None
+        })
+    }
 }
 
 fn backend(step: &'static str) -> impl FnOnce(vhost::Error) -> SetupError {
@@ -80,7 +131,7 @@ impl VhostUserFs {
             protocol,
             kick_evts,
             call_evt,
-            running: false,
+            running: None,
         })
     }
 
@@ -97,6 +148,15 @@ impl VhostUserFs {
         queues: &[Queue],
         acked: u64,
     ) -> Result<(), Error> {
+        // A private mapping's pages (a snapshot's memory, copy on write)
+        // are this process's alone: the backend would map the file under
+        // it and neither see the guest's writes nor keep its own from the
+        // file.
+        if mem.iter().any(|r| r.flags() & libc::MAP_PRIVATE != 0) {
+            return Err(Error::Backend(
+                "guest memory is a private mapping, which the backend cannot share".into(),
+            ));
+        }
         let protocol_bit = if self.protocol {
             VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
         } else {
@@ -117,7 +177,14 @@ impl VhostUserFs {
             .map_err(activation("SET_MEM_TABLE"))?;
         // The backend's view of the guest is the memory table; until the
         // rings are handed over (and enabled) it touches none of it.
-        self.running = true;
+        self.running = Some(Rings {
+            mem: mem.clone(),
+            avail: queues
+                .iter()
+                .map(|q| GuestAddress(q.avail_ring()))
+                .collect(),
+            used: queues.iter().map(|q| GuestAddress(q.used_ring())).collect(),
+        });
         for (index, queue) in queues.iter().enumerate() {
             let hva = |gpa: u64| {
                 mem.get_host_address(GuestAddress(gpa))
@@ -139,6 +206,9 @@ impl VhostUserFs {
             self.frontend
                 .set_vring_addr(index, &ring)
                 .map_err(activation("SET_VRING_ADDR"))?;
+            // 0 at first activation, and also at a restore: a running
+            // device is saved only before any buffer was made available
+            // (see `save`), so its rings are still at 0.
             self.frontend
                 .set_vring_base(index, 0)
                 .map_err(activation("SET_VRING_BASE"))?;
@@ -197,15 +267,22 @@ impl VirtioDevice for VhostUserFs {
         self.start_backend(&mem, &queues, acked_features)
     }
 
-    /// Only a device the driver has not started can be saved: once it runs,
-    /// the ring positions live in virtiofsd, and a vhost-user backend's
-    /// session cannot be carried into another process (Firecracker refuses
-    /// snapshots with vhost-user devices for the same reason).
+    /// A device the driver has not started saves as its tag. A running
+    /// one saves only while no request ever crossed it: every queue's
+    /// avail index still 0 and its used ring still empty. Once the driver
+    /// has made a buffer available, the ring positions (and maybe requests
+    /// in flight, and the FUSE session) live in virtiofsd, and a
+    /// vhost-user backend's session cannot be carried into another
+    /// process (Firecracker refuses snapshots with vhost-user devices for
+    /// the same reason). Before that, the transport's own queue states
+    /// (positions 0) are the whole state: a restore activates the device
+    /// again from them and the new backend starts at 0. The check reads
+    /// guest memory, so the vCPUs must be paused, as for any save.
     fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {
-        if self.running {
+        if let Some(why) = self.running.as_ref().and_then(Rings::crossed) {
             return Err(SaveError::Unsupported {
                 device: "virtio-fs device",
-                why: "its driver has started it, and its ring state lives in virtiofsd".into(),
+                why: format!("a request has crossed it ({why}): its ring state lives in virtiofsd"),
             });
         }
         Ok(VirtioDeviceSnapshot::Fs { tag: self.tag() })
@@ -232,10 +309,9 @@ impl VirtioDevice for VhostUserFs {
     /// Stops the backend's rings (GET_VRING_BASE stops a ring in
     /// vhost-user) so it no longer touches the old queues.
     fn reset(&mut self) {
-        if !self.running {
+        if self.running.take().is_none() {
             return;
         }
-        self.running = false;
         for index in 0..QUEUE_COUNT {
             if self.protocol {
                 let _ = self.frontend.set_vring_enable(index, false);
@@ -246,15 +322,4 @@ impl VirtioDevice for VhostUserFs {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passes_through_only_ring_features() {
-        assert_eq!(
-            PASSED_THROUGH & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
-            0
-        );
-        assert_ne!(PASSED_THROUGH & (1 << VIRTIO_F_VERSION_1), 0);
-    }
-}
+mod tests;
