@@ -104,8 +104,14 @@ unit:
 	cargo test --workspace --locked
 
 # End-to-end: the real binary, kernel and initramfs, through the test host.
+# Every suite boots cold; then the exec and workspace suites run again
+# through templates (MVM_E2E_TEMPLATES=1: kept in target/e2e-templates
+# across test-host calls, so each machine layout's first call saves one
+# and every later call restores it; docs/testing.md).
 e2e: all
 	cargo test --locked -p mvm-e2e -- --ignored --test-threads=1
+	rm -rf target/e2e-templates
+	MVM_E2E_TEMPLATES=1 cargo test --locked -p mvm-e2e --test exec --test workspace -- --ignored --test-threads=1
 
 # Boot and overhead figures next to QEMU -M microvm and bubblewrap
 # (docs/benchmarks.md); not part of `make test`. The peers are bundled

@@ -1,13 +1,14 @@
 //! The image root's disk: a read-only virtio-blk device over the EROFS
 //! file, advertised at the fixed capacity `ROOT_DISK_SECTORS` whatever the
-//! image's size (the guest sees zeros past the image), and the `mvm.root=`
-//! parameter that tells guest-init to mount it
-//! (the boot contract, docs/protocol.md).
+//! image's size (the guest sees zeros past the image), so that one
+//! template fits every image. That the guest mounts it is told in the
+//! exec channel's setup (docs/protocol.md), after a restore if there was
+//! one: nothing about the run is on the kernel command line.
 
 use std::fs::File;
 
 use mvm_devices::virtio::block;
-use mvm_protocol::boot::{RootParam, ROOT_DISK_ID, ROOT_DISK_SECTORS};
+use mvm_protocol::boot::{ROOT_DISK_ID, ROOT_DISK_SECTORS};
 
 use super::attach::{attach_virtio, DeviceEnv, Error, Signaller, VirtioSpec};
 use crate::config::RootDisk;
@@ -34,11 +35,5 @@ pub fn attach_root_disk(env: &mut DeviceEnv, disk: &RootDisk) -> Result<(), Erro
                 .map_err(|e| Error::RootDisk(shown.clone(), e.to_string()))?;
         Ok((device, Box::new(handler)))
     })?;
-    env.cmdline_extra.push(
-        RootParam {
-            scratch_bytes: disk.scratch_bytes,
-        }
-        .to_param(),
-    );
     Ok(())
 }
