@@ -6,10 +6,14 @@ use std::ffi::CStr;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
 
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    GuestRegionMmap,
+};
 
 use super::snapshot::{data_extents, RegionLayout};
 
@@ -25,9 +29,13 @@ pub enum Error {
     Layout(u64),
     #[error("cannot map the snapshot's guest memory: {0}")]
     Map(String),
+    #[error("cannot copy the snapshot's guest memory: {0}")]
+    Copy(io::Error),
 }
 
 const PAGE: u64 = 4096;
+/// Copied (without a kernel copy) in pieces this large.
+const CHUNK: usize = 1 << 20;
 
 /// Anonymous memory, private to the VMM; or a memfd a backend can map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +130,128 @@ pub fn from_snapshot(
         regions.push(region);
     }
     GuestMemoryMmap::from_regions(regions).map_err(|e| Error::Map(e.to_string()))
+}
+
+/// Guest RAM from a snapshot's memory file for a machine whose memory a
+/// vhost-user backend maps too: fresh shared memory, as
+/// `create(mem_size, Backing::Shared)` makes it (a memfd), holding a copy
+/// of the file's data extents at the same offsets; its holes stay holes.
+/// This costs the machine its own copy of every data page up front (no
+/// page is shared with other machines through the page cache); the copy is
+/// done in the kernel where it can (`copy_file_range`), else through a
+/// buffer. The layout must be exactly that of a fresh guest of `mem_size`.
+pub fn from_snapshot_shared(
+    file: &File,
+    layout: &[RegionLayout],
+    mem_size: u64,
+) -> Result<GuestMemoryMmap, Error> {
+    check_layout(layout, mem_size)?;
+    let mem = create(mem_size, Backing::Shared)?;
+    copy_into(file, layout, &mem, &mut Copier::new(true)).map_err(Error::Copy)?;
+    Ok(mem)
+}
+
+/// Copies `file`'s data extents, region by region, into `mem`'s backing
+/// files.
+fn copy_into(
+    file: &File,
+    layout: &[RegionLayout],
+    mem: &GuestMemoryMmap,
+    copier: &mut Copier,
+) -> io::Result<()> {
+    for r in layout {
+        let dst = mem
+            .find_region(GuestAddress(r.guest_addr))
+            .and_then(|region| region.file_offset())
+            .ok_or_else(|| {
+                io::Error::other(format!("no file-backed region at {:#x}", r.guest_addr))
+            })?;
+        let end = r.file_offset.checked_add(r.len).ok_or_else(|| {
+            io::Error::other(format!("the region at {:#x} overflows", r.guest_addr))
+        })?;
+        for extent in data_extents(file, r.file_offset, end)? {
+            let to = dst.start() + (extent.start - r.file_offset);
+            copier.copy(
+                file,
+                extent.start,
+                dst.file(),
+                to,
+                extent.end - extent.start,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies ranges between files: `copy_file_range` while the kernel does
+/// it for these two files, else (a snapshot on another filesystem than
+/// the memfd: `EXDEV` since Linux 5.19) `pread`/`pwrite` through a buffer.
+struct Copier {
+    kernel: bool,
+    buf: Vec<u8>,
+}
+
+impl Copier {
+    fn new(kernel: bool) -> Self {
+        Self {
+            kernel,
+            buf: Vec::new(),
+        }
+    }
+
+    fn copy(&mut self, src: &File, from: u64, dst: &File, to: u64, len: u64) -> io::Result<()> {
+        let mut done = 0u64;
+        while done < len && self.kernel {
+            let mut off_in = (from + done) as libc::loff_t;
+            let mut off_out = (to + done) as libc::loff_t;
+            let n = (len - done).min(isize::MAX as u64) as usize;
+            // SAFETY: both fds are open and owned by `src` and `dst` for
+            // the call; the two offsets are locals the kernel reads and
+            // advances; no memory of this process is written otherwise.
+            let copied = unsafe {
+                libc::copy_file_range(
+                    src.as_raw_fd(),
+                    &mut off_in,
+                    dst.as_raw_fd(),
+                    &mut off_out,
+                    n,
+                    0,
+                )
+            };
+            if copied > 0 {
+                done += copied as u64;
+                continue;
+            }
+            if copied < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(
+                        libc::EXDEV
+                        | libc::EINVAL
+                        | libc::ENOSYS
+                        | libc::EOPNOTSUPP
+                        | libc::EPERM
+                        | libc::EBADF,
+                    ) => {}
+                    _ => return Err(e),
+                }
+            }
+            // Not for these files (or the source ended early, which the
+            // reads below then report): copy through the buffer.
+            self.kernel = false;
+        }
+        while done < len {
+            let n = CHUNK.min((len - done) as usize);
+            if self.buf.len() < n {
+                self.buf.resize(CHUNK, 0);
+            }
+            src.read_exact_at(&mut self.buf[..n], from + done)?;
+            dst.write_all_at(&self.buf[..n], to + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
 }
 
 /// The parts of `region` (offsets into it: page-aligned, in order,
@@ -237,10 +367,14 @@ fn swap_configured() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::FileExt;
-    use vm_memory::{Bytes, GuestMemoryBackend};
+    use std::path::PathBuf;
+    use vm_memory::Bytes;
 
     use crate::machine::snapshot::layout;
+
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("mvm-memory-{}-{name}", std::process::id()))
+    }
 
     fn one(range: Range<u64>) -> Vec<Range<u64>> {
         vec![range]
@@ -248,6 +382,98 @@ mod tests {
 
     fn total(ranges: &[Range<u64>]) -> u64 {
         ranges.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// A 4 GiB guest's memory file (two regions, around the gap) with data
+    /// at a few offsets, the rest holes; and those offsets with their bytes.
+    fn sparse_memory_file(file: &File) -> (Vec<RegionLayout>, Vec<(u64, Vec<u8>)>) {
+        let layout = vec![
+            RegionLayout {
+                guest_addr: 0,
+                len: 0xd000_0000,
+                file_offset: 0,
+            },
+            RegionLayout {
+                guest_addr: MMIO_GAP_END,
+                len: (4 << 30) - 0xd000_0000,
+                file_offset: 0xd000_0000,
+            },
+        ];
+        file.set_len(4 << 30).unwrap();
+        let data = vec![
+            (0x1000, b"first page".to_vec()),
+            // Across a page boundary.
+            (0x0800_0ffc, vec![0xa5; 8]),
+            // The second region's start, and the file's last bytes.
+            (0xd000_0000, b"above the gap".to_vec()),
+            ((4 << 30) - 3, vec![1, 2, 3]),
+        ];
+        for (at, bytes) in &data {
+            file.write_all_at(bytes, *at).unwrap();
+        }
+        (layout, data)
+    }
+
+    /// `mem` holds `data` at the file offsets of `layout`, and zeros around.
+    fn assert_holds(mem: &GuestMemoryMmap, layout: &[RegionLayout], data: &[(u64, Vec<u8>)]) {
+        let guest = |offset: u64| {
+            let r = layout
+                .iter()
+                .find(|r| (r.file_offset..r.file_offset + r.len).contains(&offset))
+                .unwrap();
+            GuestAddress(r.guest_addr + offset - r.file_offset)
+        };
+        for (at, bytes) in data {
+            let mut got = vec![0u8; bytes.len()];
+            mem.read_slice(&mut got, guest(*at)).unwrap();
+            assert_eq!(&got, bytes, "at {at:#x}");
+            let mut before = [0xffu8; 16];
+            mem.read_slice(&mut before, guest(at - 16)).unwrap();
+            assert_eq!(before, [0; 16], "zeros before {at:#x}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_restores_into_shared_memory_that_holds_its_data_and_holes() {
+        let path = scratch("restore-shared");
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let (layout, data) = sparse_memory_file(&file);
+
+        let mem = from_snapshot_shared(&file, &layout, 4 << 30).unwrap();
+        assert_eq!(layout, crate::machine::snapshot::layout(&mem));
+        for region in mem.iter() {
+            assert!(region.file_offset().is_some(), "file-backed");
+            assert!(region.flags() & libc::MAP_SHARED != 0, "shared");
+        }
+        // Only the data was copied: the memfd's holes are the file's.
+        // (Before reading it through the mapping, which fills holes.)
+        let backing = mem.iter().next().unwrap().file_offset().unwrap().file();
+        let copied = data_extents(backing, 0, 4 << 30).unwrap();
+        assert!(total(&copied) <= 5 * PAGE, "copied {copied:x?}");
+        assert_holds(&mem, &layout, &data);
+
+        // Through the buffer, as where the kernel cannot copy (EXDEV);
+        // and from another memfd, which the kernel can.
+        let mem = create(4 << 30, Backing::Shared).unwrap();
+        copy_into(&file, &layout, &mem, &mut Copier::new(false)).unwrap();
+        assert_holds(&mem, &layout, &data);
+        let source = memfd(4 << 30).unwrap();
+        for (at, bytes) in &data {
+            source.write_all_at(bytes, *at).unwrap();
+        }
+        let mem = from_snapshot_shared(&source, &layout, 4 << 30).unwrap();
+        assert_holds(&mem, &layout, &data);
+
+        assert!(matches!(
+            from_snapshot_shared(&file, &layout, 2 << 30),
+            Err(Error::Layout(2048))
+        ));
     }
 
     #[test]
