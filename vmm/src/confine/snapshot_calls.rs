@@ -50,7 +50,10 @@ pub fn vm_ioctls() -> Vec<u64> {
 
 /// Writing the snapshot directory: making it, its files, their data
 /// (sparse: positioned writes and a final length), syncing, renaming the
-/// finished directory into place.
+/// finished directory into place; and `sysinfo`, whether the host has
+/// swap, which decides whether guest RAM that is not resident can be
+/// skipped (`memory::data_ranges`; `mincore` and `lseek`, which find what
+/// to read, are the vmm thread's already).
 pub const FILE_CALLS: &[i64] = &[
     libc::SYS_mkdir,
     libc::SYS_mkdirat,
@@ -60,6 +63,7 @@ pub const FILE_CALLS: &[i64] = &[
     libc::SYS_rename,
     libc::SYS_renameat,
     libc::SYS_renameat2,
+    libc::SYS_sysinfo,
 ];
 
 #[cfg(test)]

@@ -5,12 +5,17 @@
 use std::ffi::CStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::FromRawFd;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
 
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    GuestRegionMmap,
+};
 
-use super::snapshot::RegionLayout;
+use super::snapshot::{data_extents, RegionLayout};
 
 use crate::arch::x86_64::layout::{MMIO_GAP_END, MMIO_GAP_START};
 
@@ -24,7 +29,13 @@ pub enum Error {
     Layout(u64),
     #[error("cannot map the snapshot's guest memory: {0}")]
     Map(String),
+    #[error("cannot copy the snapshot's guest memory: {0}")]
+    Copy(io::Error),
 }
+
+const PAGE: u64 = 4096;
+/// Copied (without a kernel copy) in pieces this large.
+const CHUNK: usize = 1 << 20;
 
 /// Anonymous memory, private to the VMM; or a memfd a backend can map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +91,20 @@ fn memfd(size: u64) -> io::Result<File> {
     Ok(file)
 }
 
+/// Refuses a saved layout that is not exactly that of a fresh guest of
+/// `mem_size`.
+fn check_layout(layout: &[RegionLayout], mem_size: u64) -> Result<(), Error> {
+    let expected: Vec<(u64, u64)> = ranges(mem_size)
+        .into_iter()
+        .map(|(addr, len)| (addr.0, len as u64))
+        .collect();
+    let saved: Vec<(u64, u64)> = layout.iter().map(|r| (r.guest_addr, r.len)).collect();
+    if saved != expected {
+        return Err(Error::Layout(mem_size >> 20));
+    }
+    Ok(())
+}
+
 /// Guest RAM from a snapshot's memory file, mapped privately: a page is
 /// read from the file when the guest first touches it, nothing up front,
 /// and the guest's writes stay in this process (copy on write), never
@@ -90,14 +115,7 @@ pub fn from_snapshot(
     layout: &[RegionLayout],
     mem_size: u64,
 ) -> Result<GuestMemoryMmap, Error> {
-    let expected: Vec<(u64, u64)> = ranges(mem_size)
-        .into_iter()
-        .map(|(addr, len)| (addr.0, len as u64))
-        .collect();
-    let saved: Vec<(u64, u64)> = layout.iter().map(|r| (r.guest_addr, r.len)).collect();
-    if saved != expected {
-        return Err(Error::Layout(mem_size >> 20));
-    }
+    check_layout(layout, mem_size)?;
     let mut regions = Vec::with_capacity(layout.len());
     for r in layout {
         let handle = file.try_clone().map_err(|e| Error::Map(e.to_string()))?;
@@ -114,10 +132,399 @@ pub fn from_snapshot(
     GuestMemoryMmap::from_regions(regions).map_err(|e| Error::Map(e.to_string()))
 }
 
+/// Guest RAM from a snapshot's memory file for a machine whose memory a
+/// vhost-user backend maps too: fresh shared memory, as
+/// `create(mem_size, Backing::Shared)` makes it (a memfd), holding a copy
+/// of the file's data extents at the same offsets; its holes stay holes.
+/// This costs the machine its own copy of every data page up front (no
+/// page is shared with other machines through the page cache); the copy is
+/// done in the kernel where it can (`copy_file_range`), else through a
+/// buffer. The layout must be exactly that of a fresh guest of `mem_size`.
+pub fn from_snapshot_shared(
+    file: &File,
+    layout: &[RegionLayout],
+    mem_size: u64,
+) -> Result<GuestMemoryMmap, Error> {
+    check_layout(layout, mem_size)?;
+    let mem = create(mem_size, Backing::Shared)?;
+    copy_into(file, layout, &mem, &mut Copier::new(true)).map_err(Error::Copy)?;
+    Ok(mem)
+}
+
+/// Copies `file`'s data extents, region by region, into `mem`'s backing
+/// files.
+fn copy_into(
+    file: &File,
+    layout: &[RegionLayout],
+    mem: &GuestMemoryMmap,
+    copier: &mut Copier,
+) -> io::Result<()> {
+    for r in layout {
+        let dst = mem
+            .find_region(GuestAddress(r.guest_addr))
+            .and_then(|region| region.file_offset())
+            .ok_or_else(|| {
+                io::Error::other(format!("no file-backed region at {:#x}", r.guest_addr))
+            })?;
+        let end = r.file_offset.checked_add(r.len).ok_or_else(|| {
+            io::Error::other(format!("the region at {:#x} overflows", r.guest_addr))
+        })?;
+        for extent in data_extents(file, r.file_offset, end)? {
+            let to = dst.start() + (extent.start - r.file_offset);
+            copier.copy(
+                file,
+                extent.start,
+                dst.file(),
+                to,
+                extent.end - extent.start,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies ranges between files: `copy_file_range` while the kernel does
+/// it for these two files, else (a snapshot on another filesystem than
+/// the memfd: `EXDEV` since Linux 5.19) `pread`/`pwrite` through a buffer.
+struct Copier {
+    kernel: bool,
+    buf: Vec<u8>,
+}
+
+impl Copier {
+    fn new(kernel: bool) -> Self {
+        Self {
+            kernel,
+            buf: Vec::new(),
+        }
+    }
+
+    fn copy(&mut self, src: &File, from: u64, dst: &File, to: u64, len: u64) -> io::Result<()> {
+        let mut done = 0u64;
+        while done < len && self.kernel {
+            let mut off_in = (from + done) as libc::loff_t;
+            let mut off_out = (to + done) as libc::loff_t;
+            let n = (len - done).min(isize::MAX as u64) as usize;
+            // SAFETY: both fds are open and owned by `src` and `dst` for
+            // the call; the two offsets are locals the kernel reads and
+            // advances; no memory of this process is written otherwise.
+            let copied = unsafe {
+                libc::copy_file_range(
+                    src.as_raw_fd(),
+                    &mut off_in,
+                    dst.as_raw_fd(),
+                    &mut off_out,
+                    n,
+                    0,
+                )
+            };
+            if copied > 0 {
+                done += copied as u64;
+                continue;
+            }
+            if copied < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(
+                        libc::EXDEV
+                        | libc::EINVAL
+                        | libc::ENOSYS
+                        | libc::EOPNOTSUPP
+                        | libc::EPERM
+                        | libc::EBADF,
+                    ) => {}
+                    _ => return Err(e),
+                }
+            }
+            // Not for these files (or the source ended early, which the
+            // reads below then report): copy through the buffer.
+            self.kernel = false;
+        }
+        while done < len {
+            let n = CHUNK.min((len - done) as usize);
+            if self.buf.len() < n {
+                self.buf.resize(CHUNK, 0);
+            }
+            src.read_exact_at(&mut self.buf[..n], from + done)?;
+            dst.write_all_at(&self.buf[..n], to + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// The parts of `region` (offsets into it: page-aligned, in order,
+/// disjoint) that can hold bytes other than zero; the rest of it reads as
+/// zeros. What a snapshot must read to save it:
+///
+/// - a shared file mapping (the memfd of `Backing::Shared`) is its file:
+///   the file's data extents (`SEEK_DATA`/`SEEK_HOLE`; a swapped-out
+///   shmem page is data too);
+/// - anonymous private memory: the pages resident in this process
+///   (`mincore`), a page never touched being zeros;
+/// - a private mapping of a file (a restored machine without shares):
+///   the resident pages, where the guest's writes are, and the file's
+///   data extents, which untouched pages read.
+///
+/// `mincore` does not see a page that was swapped out, so where the host
+/// has swap (`sysinfo`) a private region is read whole, as is any region
+/// where a call fails.
+pub fn data_ranges(region: &GuestRegionMmap) -> Vec<Range<u64>> {
+    data_ranges_with(region, swap_configured())
+}
+
+fn data_ranges_with(region: &GuestRegionMmap, swap: bool) -> Vec<Range<u64>> {
+    let len = region.len();
+    let whole = vec![Range { start: 0, end: len }];
+    let shared = region.flags() & libc::MAP_SHARED != 0;
+    let of_file = |f: &FileOffset| -> io::Result<Vec<Range<u64>>> {
+        let start = f.start();
+        Ok(data_extents(f.file(), start, start + len)?
+            .into_iter()
+            .map(|e| {
+                (e.start - start) / PAGE * PAGE..((e.end - start).div_ceil(PAGE) * PAGE).min(len)
+            })
+            .collect())
+    };
+    let ranges = match (region.file_offset(), shared) {
+        (Some(f), true) => of_file(f),
+        (_, true) => return whole,
+        (_, false) if swap => return whole,
+        (None, false) => resident(region),
+        (Some(f), false) => resident(region).and_then(|mut r| {
+            r.extend(of_file(f)?);
+            Ok(r)
+        }),
+    };
+    match ranges {
+        Ok(r) => union(r),
+        Err(_) => whole,
+    }
+}
+
+/// The pages of `region` resident in this process (`mincore`), as ranges.
+fn resident(region: &GuestRegionMmap) -> io::Result<Vec<Range<u64>>> {
+    /// mincore is asked about this much at a time (a byte per page).
+    const WINDOW: u64 = 1 << 30;
+    let len = region.len();
+    let base = region.as_ptr();
+    let mut vec = vec![0u8; (WINDOW / PAGE) as usize];
+    let mut out: Vec<Range<u64>> = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        let n = WINDOW.min(len - at);
+        // SAFETY: [base + at, base + at + n) lies inside the region's
+        // mapping, which `region` keeps alive; base is page-aligned (mmap)
+        // and so is `at` (a multiple of WINDOW); `vec` has a byte for each
+        // of its at most WINDOW / PAGE pages, which is all mincore writes.
+        let rc =
+            unsafe { libc::mincore(base.add(at as usize).cast(), n as usize, vec.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for (i, state) in vec[..n.div_ceil(PAGE) as usize].iter().enumerate() {
+            if state & 1 == 0 {
+                continue;
+            }
+            let page = at + i as u64 * PAGE;
+            let end = (page + PAGE).min(len);
+            match out.last_mut() {
+                Some(last) if last.end == page => last.end = end,
+                _ => out.push(page..end),
+            }
+        }
+        at += n;
+    }
+    Ok(out)
+}
+
+/// `ranges` sorted, overlapping and touching ones merged.
+fn union(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for r in ranges.into_iter().filter(|r| !r.is_empty()) {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// Whether the host has swap space: then a private page may be out of
+/// memory and still hold data, which `mincore` does not tell. Unknown
+/// counts as yes.
+fn swap_configured() -> bool {
+    // SAFETY: sysinfo only fills the struct it is given, zeroed here (all
+    // zeros is a valid `libc::sysinfo`).
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable `libc::sysinfo`.
+    let rc = unsafe { libc::sysinfo(&mut info) };
+    rc != 0 || info.totalswap != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
+    use std::path::PathBuf;
+    use vm_memory::Bytes;
+
+    use crate::machine::snapshot::layout;
+
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("mvm-memory-{}-{name}", std::process::id()))
+    }
+
+    fn one(range: Range<u64>) -> Vec<Range<u64>> {
+        vec![range]
+    }
+
+    fn total(ranges: &[Range<u64>]) -> u64 {
+        ranges.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// A 4 GiB guest's memory file (two regions, around the gap) with data
+    /// at a few offsets, the rest holes; and those offsets with their bytes.
+    fn sparse_memory_file(file: &File) -> (Vec<RegionLayout>, Vec<(u64, Vec<u8>)>) {
+        let layout = vec![
+            RegionLayout {
+                guest_addr: 0,
+                len: 0xd000_0000,
+                file_offset: 0,
+            },
+            RegionLayout {
+                guest_addr: MMIO_GAP_END,
+                len: (4 << 30) - 0xd000_0000,
+                file_offset: 0xd000_0000,
+            },
+        ];
+        file.set_len(4 << 30).unwrap();
+        let data = vec![
+            (0x1000, b"first page".to_vec()),
+            // Across a page boundary.
+            (0x0800_0ffc, vec![0xa5; 8]),
+            // The second region's start, and the file's last bytes.
+            (0xd000_0000, b"above the gap".to_vec()),
+            ((4 << 30) - 3, vec![1, 2, 3]),
+        ];
+        for (at, bytes) in &data {
+            file.write_all_at(bytes, *at).unwrap();
+        }
+        (layout, data)
+    }
+
+    /// `mem` holds `data` at the file offsets of `layout`, and zeros around.
+    fn assert_holds(mem: &GuestMemoryMmap, layout: &[RegionLayout], data: &[(u64, Vec<u8>)]) {
+        let guest = |offset: u64| {
+            let r = layout
+                .iter()
+                .find(|r| (r.file_offset..r.file_offset + r.len).contains(&offset))
+                .unwrap();
+            GuestAddress(r.guest_addr + offset - r.file_offset)
+        };
+        for (at, bytes) in data {
+            let mut got = vec![0u8; bytes.len()];
+            mem.read_slice(&mut got, guest(*at)).unwrap();
+            assert_eq!(&got, bytes, "at {at:#x}");
+            let mut before = [0xffu8; 16];
+            mem.read_slice(&mut before, guest(at - 16)).unwrap();
+            assert_eq!(before, [0; 16], "zeros before {at:#x}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_restores_into_shared_memory_that_holds_its_data_and_holes() {
+        let path = scratch("restore-shared");
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let (layout, data) = sparse_memory_file(&file);
+
+        let mem = from_snapshot_shared(&file, &layout, 4 << 30).unwrap();
+        assert_eq!(layout, crate::machine::snapshot::layout(&mem));
+        for region in mem.iter() {
+            assert!(region.file_offset().is_some(), "file-backed");
+            assert!(region.flags() & libc::MAP_SHARED != 0, "shared");
+        }
+        // Only the data was copied: the memfd's holes are the file's.
+        // (Before reading it through the mapping, which fills holes.)
+        let backing = mem.iter().next().unwrap().file_offset().unwrap().file();
+        let copied = data_extents(backing, 0, 4 << 30).unwrap();
+        assert!(total(&copied) <= 5 * PAGE, "copied {copied:x?}");
+        assert_holds(&mem, &layout, &data);
+
+        // Through the buffer, as where the kernel cannot copy (EXDEV);
+        // and from another memfd, which the kernel can.
+        let mem = create(4 << 30, Backing::Shared).unwrap();
+        copy_into(&file, &layout, &mem, &mut Copier::new(false)).unwrap();
+        assert_holds(&mem, &layout, &data);
+        let source = memfd(4 << 30).unwrap();
+        for (at, bytes) in &data {
+            source.write_all_at(bytes, *at).unwrap();
+        }
+        let mem = from_snapshot_shared(&source, &layout, 4 << 30).unwrap();
+        assert_holds(&mem, &layout, &data);
+
+        assert!(matches!(
+            from_snapshot_shared(&file, &layout, 2 << 30),
+            Err(Error::Layout(2048))
+        ));
+    }
+
+    #[test]
+    fn what_a_snapshot_reads_of_each_kind_of_memory() {
+        const MIB: u64 = 1 << 20;
+        // Shared: the memfd's data extents, a page.
+        let shared = create(64 * MIB, Backing::Shared).unwrap();
+        shared.write_obj(7u8, GuestAddress(MIB + 5)).unwrap();
+        let region = shared.iter().next().unwrap();
+        assert_eq!(data_ranges_with(region, false), one(MIB..MIB + PAGE));
+        assert_eq!(data_ranges_with(region, true), one(MIB..MIB + PAGE));
+
+        // Anonymous: the resident pages (a huge page, perhaps), unless
+        // the host swaps.
+        let private = create(64 * MIB, Backing::Private).unwrap();
+        private.write_obj(7u8, GuestAddress(MIB + 5)).unwrap();
+        private.write_obj(7u8, GuestAddress(40 * MIB)).unwrap();
+        let region = private.iter().next().unwrap();
+        let ranges = data_ranges_with(region, false);
+        assert!(ranges.iter().any(|r| r.contains(&MIB)), "{ranges:x?}");
+        assert!(
+            ranges.iter().any(|r| r.contains(&(40 * MIB))),
+            "{ranges:x?}"
+        );
+        assert!(total(&ranges) <= 8 * MIB, "{ranges:x?}");
+        assert_eq!(data_ranges_with(region, true), one(0..64 * MIB));
+
+        // A private mapping of a file: its data and the guest's writes.
+        let file = memfd(64 * MIB).unwrap();
+        file.write_all_at(b"saved", 3 * MIB).unwrap();
+        let layout = layout(&private);
+        let restored = from_snapshot(&file, &layout, 64 * MIB).unwrap();
+        restored.write_obj(9u8, GuestAddress(50 * MIB)).unwrap();
+        let region = restored.iter().next().unwrap();
+        let ranges = data_ranges_with(region, false);
+        assert!(ranges.iter().any(|r| r.contains(&(3 * MIB))), "{ranges:x?}");
+        assert!(
+            ranges.iter().any(|r| r.contains(&(50 * MIB))),
+            "{ranges:x?}"
+        );
+        assert!(total(&ranges) <= 8 * MIB, "{ranges:x?}");
+        assert_eq!(data_ranges_with(region, true), one(0..64 * MIB));
+    }
+
+    #[test]
+    fn ranges_are_merged_in_order() {
+        assert_eq!(
+            union(vec![8..12, 0..4, 4..6, 10..20, 30..30, 25..26]),
+            [0..6, 8..20, 25..26]
+        );
+    }
 
     #[test]
     fn splits_around_the_gap() {

@@ -1,5 +1,6 @@
 //! A machine rebuilt from a snapshot: the same devices from their saved
-//! states, guest RAM mapped privately from the memory file, the VM's
+//! states, guest RAM from the memory file (mapped privately; or, for a
+//! machine with shares, copied into fresh shared memory), the VM's
 //! in-kernel devices and every vCPU set to what was saved. It starts where
 //! the saved one was paused.
 
@@ -15,14 +16,6 @@ use crate::console::ConsoleOutput;
 /// devices: a vsock device of the same CID); only host resources (the
 /// vsock socket path, the console) may differ.
 pub fn restore(config: &VmConfig, console: ConsoleOutput, dir: &Path) -> Result<Machine, Error> {
-    if !config.shares.is_empty() {
-        // The memory of a restored machine is a private mapping, which a
-        // vhost-user backend cannot share, and a virtio-fs device's ring
-        // state lives in virtiofsd.
-        return Err(Error::Restore(
-            "a machine with shared directories cannot be restored yet".into(),
-        ));
-    }
     restore_loaded(config, console, snapshot::read(dir)?)
 }
 
@@ -43,7 +36,15 @@ pub fn restore_loaded(
             config.vcpus
         )));
     }
-    let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
+    let mem = if config.shares.is_empty() {
+        // Untouched pages come from the file through the page cache,
+        // shared with every machine restored from it.
+        memory::from_snapshot(&memory, &state.regions, config.mem_size)?
+    } else {
+        // virtiofsd maps guest memory too (MAP_SHARED), which a private
+        // mapping of the file cannot be: a memfd with a copy of its data.
+        memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?
+    };
     let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem))?;
     state.vm.restore(&machine.vm)?;
     machine.timeline.mark("vm state restored");

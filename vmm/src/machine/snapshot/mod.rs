@@ -19,6 +19,7 @@ pub mod vm_state;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::memory;
 use super::registry::DeviceStates;
 use vcpu_state::VcpuState;
 use vm_state::VmState;
@@ -164,7 +166,11 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), Error> {
 }
 
 /// The regions in order, zero pages as holes; returns the SHA-256 of the
-/// whole content and its length.
+/// non-zero pages ([`hash_page`]) and the file's length. Only the parts of
+/// each region that can hold data are read (`memory::data_ranges`: a
+/// shared region's data extents, a private one's resident pages), not the
+/// whole of a guest that touched little of its RAM; the pages hashed and
+/// written, and their order, are those of a read of everything.
 fn write_memory(
     path: &Path,
     mem: &GuestMemoryMmap,
@@ -175,23 +181,32 @@ fn write_memory(
     let mut buf = vec![0u8; CHUNK];
     let mut end = 0;
     for region in regions {
-        let mut done = 0u64;
-        while done < region.len {
-            let n = CHUNK.min((region.len - done) as usize);
-            let addr = region.guest_addr + done;
-            mem.read_slice(&mut buf[..n], GuestAddress(addr))
-                .map_err(|e| Error::Memory {
-                    addr,
-                    why: e.to_string(),
-                })?;
-            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
-                if page.iter().any(|&b| b != 0) {
-                    let at = region.file_offset + done + (i * PAGE) as u64;
-                    hash_page(&mut hasher, at, page);
-                    file.write_all_at(page, at).map_err(io_err("write", path))?;
+        let mapped = mem
+            .find_region(GuestAddress(region.guest_addr))
+            .filter(|r| r.start_addr().0 == region.guest_addr && r.len() == region.len)
+            .ok_or_else(|| Error::Memory {
+                addr: region.guest_addr,
+                why: format!("no region of {} bytes starts there", region.len),
+            })?;
+        for range in memory::data_ranges(mapped) {
+            let mut done = range.start;
+            while done < range.end {
+                let n = CHUNK.min((range.end - done) as usize);
+                let addr = region.guest_addr + done;
+                mem.read_slice(&mut buf[..n], GuestAddress(addr))
+                    .map_err(|e| Error::Memory {
+                        addr,
+                        why: e.to_string(),
+                    })?;
+                for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+                    if page.iter().any(|&b| b != 0) {
+                        let at = region.file_offset + done + (i * PAGE) as u64;
+                        hash_page(&mut hasher, at, page);
+                        file.write_all_at(page, at).map_err(io_err("write", path))?;
+                    }
                 }
+                done += n as u64;
             }
-            done += n as u64;
         }
         end = end.max(region.file_offset + region.len);
     }
@@ -235,6 +250,25 @@ fn hash_data_pages(file: &File, len: u64) -> io::Result<Sha256> {
     Ok(hasher)
 }
 
+/// The data extents of `file` between `from` and `to` (clipped to both),
+/// in order; reading anywhere else between them gives zeros.
+pub(crate) fn data_extents(file: &File, from: u64, to: u64) -> io::Result<Vec<Range<u64>>> {
+    let mut extents = Vec::new();
+    let mut at = from;
+    while at < to {
+        let Some(data) = seek(file, at, libc::SEEK_DATA)? else {
+            break; // only a hole is left
+        };
+        if data >= to {
+            break;
+        }
+        let hole = seek(file, data, libc::SEEK_HOLE)?.unwrap_or(to).min(to);
+        extents.push(data..hole);
+        at = hole;
+    }
+    Ok(extents)
+}
+
 /// lseek with SEEK_DATA or SEEK_HOLE; None where no data follows (ENXIO).
 fn seek(file: &File, from: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
     // SAFETY: lseek on an fd this File owns; it only moves the offset.
@@ -267,7 +301,7 @@ pub fn layout(mem: &GuestMemoryMmap) -> Vec<RegionLayout> {
 }
 
 /// A snapshot read back and checked: its state, and its memory file (open
-/// read-only, to be mapped privately).
+/// read-only, to be mapped privately or copied into shared memory).
 pub struct Loaded {
     pub state: MachineState,
     pub memory: File,
@@ -329,4 +363,124 @@ pub fn read(dir: &Path) -> Result<Loaded, Error> {
         ));
     }
     Ok(Loaded { state, memory })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::memory::{self, Backing};
+
+    const MIB: u64 = 1 << 20;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mvm-snapshot-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// The checksum of a read of all of `mem`, as writing it used to: every
+    /// page that is not all zeros, with its offset in the file.
+    fn hash_of_everything(mem: &GuestMemoryMmap, regions: &[RegionLayout]) -> String {
+        let mut hasher = Sha256::new();
+        let mut page = vec![0u8; PAGE];
+        for r in regions {
+            for at in (0..r.len).step_by(PAGE) {
+                mem.read_slice(&mut page, GuestAddress(r.guest_addr + at))
+                    .unwrap();
+                if page.iter().any(|&b| b != 0) {
+                    hash_page(&mut hasher, r.file_offset + at, &page);
+                }
+            }
+        }
+        hex(&hasher.finalize())
+    }
+
+    /// Writes `mem`'s memory file and checks it: its length, each byte
+    /// against guest memory, data only at `data_pages` (file offsets), and
+    /// the checksum against reading everything and against the reader's.
+    fn saves_exactly(mem: &GuestMemoryMmap, name: &str, data_pages: &[u64]) {
+        let dir = scratch(name);
+        let path = dir.join(MEMORY);
+        let regions = layout(mem);
+        let (sha, len) = write_memory(&path, mem, &regions).unwrap();
+        assert_eq!(len, regions.iter().map(|r| r.len).sum::<u64>());
+
+        let file = File::open(&path).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), len);
+        let saved = fs::read(&path).unwrap();
+        for r in &regions {
+            let mut guest = vec![0u8; r.len as usize];
+            mem.read_slice(&mut guest, GuestAddress(r.guest_addr))
+                .unwrap();
+            let at = r.file_offset as usize;
+            assert!(
+                saved[at..at + guest.len()] == guest[..],
+                "the memory file holds the region at {:#x}",
+                r.guest_addr
+            );
+        }
+        let pages: Vec<u64> = data_extents(&file, 0, len)
+            .unwrap()
+            .into_iter()
+            .flat_map(|e| (e.start..e.end).step_by(PAGE))
+            .collect();
+        assert_eq!(pages, data_pages, "data only where memory is not zero");
+
+        assert_eq!(sha, hash_of_everything(mem, &regions));
+        assert_eq!(sha, hex(&hash_data_pages(&file, len).unwrap().finalize()));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_mostly_empty_shared_guest_is_saved_as_its_data_pages_and_holes() {
+        let mem = memory::create(64 * MIB, Backing::Shared).unwrap();
+        mem.write_slice(b"hello", GuestAddress(0x1000)).unwrap();
+        // Across a page boundary.
+        mem.write_slice(&[0x5a; 8], GuestAddress(2 * MIB + 4092))
+            .unwrap();
+        mem.write_obj(1u8, GuestAddress(64 * MIB - 1)).unwrap();
+        // A page the memfd holds (data) but that is all zeros: a hole.
+        mem.write_slice(&[0u8; PAGE], GuestAddress(5 * MIB))
+            .unwrap();
+        let region = mem.iter().next().unwrap();
+        let visited: u64 = memory::data_ranges(region)
+            .iter()
+            .map(|r| r.end - r.start)
+            .sum();
+        assert_eq!(visited, 5 * PAGE as u64, "only the memfd's data is read");
+        saves_exactly(
+            &mem,
+            "shared",
+            &[0x1000, 2 * MIB, 2 * MIB + 0x1000, 64 * MIB - 0x1000],
+        );
+    }
+
+    #[test]
+    fn an_anonymous_guest_is_saved_from_its_resident_pages() {
+        let mem = memory::create(64 * MIB, Backing::Private).unwrap();
+        mem.write_slice(b"hello", GuestAddress(0x1000)).unwrap();
+        mem.write_slice(&[0x5a; 8], GuestAddress(30 * MIB + 4092))
+            .unwrap();
+        // Touched (resident) but zeros: a hole.
+        mem.write_slice(&[0u8; PAGE], GuestAddress(40 * MIB))
+            .unwrap();
+        saves_exactly(&mem, "anonymous", &[0x1000, 30 * MIB, 30 * MIB + 0x1000]);
+    }
+
+    #[test]
+    fn a_restored_private_guest_saves_the_file_pages_it_did_not_touch_and_its_writes() {
+        let before = memory::create(64 * MIB, Backing::Private).unwrap();
+        before.write_slice(b"kept", GuestAddress(0x1000)).unwrap();
+        before.write_slice(b"cleared", GuestAddress(MIB)).unwrap();
+        let dir = scratch("restored-private");
+        let path = dir.join(MEMORY);
+        write_memory(&path, &before, &layout(&before)).unwrap();
+        let file = File::open(&path).unwrap();
+        let mem = memory::from_snapshot(&file, &layout(&before), 64 * MIB).unwrap();
+        mem.write_slice(&[0u8; 16], GuestAddress(MIB)).unwrap();
+        mem.write_slice(b"new", GuestAddress(20 * MIB)).unwrap();
+        saves_exactly(&mem, "restored-private-again", &[0x1000, 20 * MIB]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
