@@ -207,7 +207,9 @@ fn leftovers(store: &Path) -> Vec<PathBuf> {
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let stem = name.split('.').find(|s| !s.is_empty())?.to_string();
-            let orphan = (name.ends_with(".lock") || name.ends_with(".json"))
+            let orphan = [".lock", ".json", ".checked"]
+                .iter()
+                .any(|x| name.ends_with(x))
                 && !store.join(&stem).is_dir()
                 && !template::is_locked(store, &stem);
             let tmp = name.contains(".tmp-") && !template::is_locked(store, &stem);

@@ -32,7 +32,10 @@ pub(crate) fn print_stats(
             BOOT_MARKER_INIT_STARTED,
             "guest-init started (its first marker)",
         ),
-        (BOOT_MARKER_INIT_READY, "guest-init ready (waiting for its run)"),
+        (
+            BOOT_MARKER_INIT_READY,
+            "guest-init ready (waiting for its run)",
+        ),
     ] {
         if let Some((_, at)) = markers.iter().find(|(m, _)| *m == marker) {
             timeline.mark_at(name, *at);

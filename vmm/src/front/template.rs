@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::VmConfig;
-use crate::machine::snapshot::{self, Loaded};
+use crate::machine::snapshot::{self, Loaded, MemoryCheck};
 
 /// What a template's key is made of, kept beside it as `KEY.json` for
 /// `mvm snapshot ls` and `prune`.
@@ -186,16 +186,32 @@ pub fn plan(config: &VmConfig) -> Plan {
     }
 }
 
-/// The template `key`, checked in full; a damaged one is removed with a
-/// warning (the run then boots cold and makes a new one).
+/// The template `key`; a damaged one is removed with a warning (the run
+/// then boots cold and makes a new one). Its memory file's checksum is
+/// read in full only when the file is not the one last verified (its
+/// identity is kept in `KEY.checked`): hashing tens of MiB costs a
+/// restore more than the rest of it (docs/snapshots.md).
 fn load(store: &Path, key: &str) -> Option<Loaded> {
     let dir = store.join(key);
     if !dir.exists() {
         return None;
     }
-    match snapshot::read(&dir) {
+    let memory = dir.join("memory");
+    let stamp = checked_path(store, key);
+    let verified = fs::read(&stamp)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<FileIdentity>(&b).ok())
+        .is_some_and(|was| FileIdentity::of(&memory).is_ok_and(|now| now == was));
+    let check = match verified {
+        true => MemoryCheck::LengthOnly,
+        false => MemoryCheck::Full,
+    };
+    match snapshot::read_with(&dir, check) {
         Ok(loaded) => {
-            // "Last used", for `mvm snapshot ls` and `prune --unused`.
+            if !verified {
+                let _ = stamp_checked(store, key);
+            }
+            // "Last used", for `mvm snapshot ls`.
             let _ = File::options()
                 .append(true)
                 .open(info_path(store, key))
@@ -210,18 +226,42 @@ fn load(store: &Path, key: &str) -> Option<Loaded> {
     }
 }
 
-/// Writes the description of a template just saved.
+/// Records the memory file of template `key` as verified: just written
+/// (its checksum computed from guest memory) or just checked in full.
+pub fn stamp_checked(store: &Path, key: &str) -> io::Result<()> {
+    let id = FileIdentity::of(&store.join(key).join("memory"))?;
+    write_private(
+        &checked_path(store, key),
+        &serde_json::to_vec(&id).map_err(io::Error::other)?,
+    )
+}
+
+fn checked_path(store: &Path, key: &str) -> PathBuf {
+    store.join(format!("{key}.checked"))
+}
+
+/// Writes the description of a template just saved, and records its
+/// memory file as verified.
 pub fn describe(store: &Path, key: &str, info: &TemplateInfo) -> io::Result<()> {
     let json = serde_json::to_vec_pretty(info).map_err(io::Error::other)?;
-    let path = info_path(store, key);
-    let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
-    let mut file = OpenOptions::new()
+    write_private(&info_path(store, key), &json)?;
+    stamp_checked(store, key)
+}
+
+/// Writes `path` whole or not at all (a temporary name, then a rename).
+fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let result = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&tmp)?;
-    io::Write::write_all(&mut file, &json)?;
-    fs::rename(&tmp, &path)
+        .open(&tmp)
+        .and_then(|mut file| io::Write::write_all(&mut file, data))
+        .and_then(|()| fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
 }
 
 pub fn info_path(store: &Path, key: &str) -> PathBuf {
@@ -232,6 +272,7 @@ pub fn info_path(store: &Path, key: &str) -> PathBuf {
 pub fn remove(store: &Path, key: &str) {
     let _ = fs::remove_dir_all(store.join(key));
     let _ = fs::remove_file(info_path(store, key));
+    let _ = fs::remove_file(checked_path(store, key));
     let _ = fs::remove_file(store.join(format!("{key}.lock")));
 }
 

@@ -309,6 +309,22 @@ pub struct Loaded {
 
 /// Reads the snapshot at `dir`, checking its format and both checksums.
 pub fn read(dir: &Path) -> Result<Loaded, Error> {
+    read_with(dir, MemoryCheck::Full)
+}
+
+/// How much of the memory file a read checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryCheck {
+    /// Its length and the checksum of its data pages (reads them all).
+    Full,
+    /// Its length only: for a file the caller has verified in full before
+    /// and knows unchanged since (a template, docs/snapshots.md).
+    LengthOnly,
+}
+
+/// [`read`], with the memory file checked as `check` says; the manifest,
+/// the state's checksum and the layout are always checked.
+pub fn read_with(dir: &Path, check: MemoryCheck) -> Result<Loaded, Error> {
     let manifest_path = dir.join(MANIFEST);
     let manifest: Manifest =
         serde_json::from_slice(&fs::read(&manifest_path).map_err(io_err("read", &manifest_path))?)
@@ -354,6 +370,9 @@ pub fn read(dir: &Path) -> Result<Loaded, Error> {
             dir,
             "the memory layout does not match the memory file",
         ));
+    }
+    if check == MemoryCheck::LengthOnly {
+        return Ok(Loaded { state, memory });
     }
     let hasher = hash_data_pages(&memory, len).map_err(io_err("read", &memory_path))?;
     if hex(&hasher.finalize()) != manifest.memory_sha256 {
