@@ -141,6 +141,24 @@ mod tests {
     }
 
     #[test]
+    fn no_snapshot_is_a_flag_and_a_variable_of_1_or_0() {
+        let no_snapshot = |args: &[&str]| match parse(args).unwrap().command {
+            Command::Run { run, .. } => run.no_snapshot,
+            _ => panic!("not run"),
+        };
+        assert!(no_snapshot(&["run", "--no-snapshot", "--", "true"]));
+        // SAFETY: no other thread of this test reads the variable.
+        unsafe { std::env::set_var("MVM_NO_SNAPSHOT", "0") };
+        assert!(!no_snapshot(&["run", "--", "true"]));
+        // SAFETY: as above.
+        unsafe { std::env::set_var("MVM_NO_SNAPSHOT", "1") };
+        assert!(no_snapshot(&["run", "--", "true"]));
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("MVM_NO_SNAPSHOT") };
+        assert!(!no_snapshot(&["run", "--", "true"]));
+    }
+
+    #[test]
     fn bad_sizes_and_counts_are_setup_failures() {
         let cli = parse(&["boot", "--memory", "16M"]).unwrap();
         let Command::Boot { vm, .. } = cli.command else {

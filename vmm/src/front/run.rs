@@ -126,7 +126,12 @@ pub struct RunArgs {
     /// Boot the kernel instead of restoring a template, and save none
     /// (by default a run restores the template of its machine, made by the
     /// first run that needed it: docs/snapshots.md)
-    #[arg(long, env = "MVM_NO_SNAPSHOT")]
+    /// ($MVM_NO_SNAPSHOT: 1 or true for on, 0, false or empty for off)
+    #[arg(
+        long,
+        env = "MVM_NO_SNAPSHOT",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
     pub no_snapshot: bool,
 }
 

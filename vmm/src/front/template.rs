@@ -52,8 +52,15 @@ pub struct FileIdentity {
 }
 
 impl FileIdentity {
+    /// The file at `path`, named by its canonical path.
     pub fn of(path: &Path) -> io::Result<FileIdentity> {
-        let path = path.canonicalize()?;
+        Self::at(&path.canonicalize()?)
+    }
+
+    /// The file at `path` as given: no lookup of links (which the confined
+    /// VMM may not make, and which a template's own files do not need).
+    fn at(path: &Path) -> io::Result<FileIdentity> {
+        let path = path.to_path_buf();
         let meta = fs::metadata(&path)?;
         Ok(FileIdentity {
             len: meta.len(),
@@ -201,7 +208,7 @@ fn load(store: &Path, key: &str) -> Option<Loaded> {
     let verified = fs::read(&stamp)
         .ok()
         .and_then(|b| serde_json::from_slice::<FileIdentity>(&b).ok())
-        .is_some_and(|was| FileIdentity::of(&memory).is_ok_and(|now| now == was));
+        .is_some_and(|was| FileIdentity::at(&memory).is_ok_and(|now| now == was));
     let check = match verified {
         true => MemoryCheck::LengthOnly,
         false => MemoryCheck::Full,
@@ -229,7 +236,7 @@ fn load(store: &Path, key: &str) -> Option<Loaded> {
 /// Records the memory file of template `key` as verified: just written
 /// (its checksum computed from guest memory) or just checked in full.
 pub fn stamp_checked(store: &Path, key: &str) -> io::Result<()> {
-    let id = FileIdentity::of(&store.join(key).join("memory"))?;
+    let id = FileIdentity::at(&store.join(key).join("memory"))?;
     write_private(
         &checked_path(store, key),
         &serde_json::to_vec(&id).map_err(io::Error::other)?,
