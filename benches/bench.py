@@ -10,7 +10,10 @@ QEMU and bwrap with their libraries and loader, the timer
 benches/exectime.rs, the guest kernel as a bzImage for QEMU) onto the test
 host's tmpfs and runs, after one warm-up each, N interleaved rounds of:
 
-  mvm      `mvm run --print-stats --console -- true`
+  mvm      `mvm run --no-snapshot --print-stats --console -- true` (a cold
+           boot)
+  template the same from a template (docs/snapshots.md: made by its
+           warm-up run, restored by every other)
   QEMU     -M microvm -accel kvm, same guest kernel (as a bzImage) and
            initramfs, guest-init running `true` from mvm.cmd; once for
            times, once stopped at the command's exit for its memory
@@ -18,7 +21,10 @@ host's tmpfs and runs, after one warm-up each, N interleaved rounds of:
   each     `--version` (start-up of the binary alone)
 
 Metrics (median, p90, min, max): boot to init, command end to end,
-teardown, VMM memory overhead, peak RSS, binary start. A figure that cannot
+teardown, VMM memory overhead, peak RSS, binary start. Then the memory
+of 1 and of 10 machines running at once, cold and from a template, with
+and without the workspace: the Pss of every mvm and virtiofsd process,
+summed, per machine. A figure that cannot
 be measured for a peer is "n/a" with the reason; no figure is made up.
 Writes benches/results/<date>-<kvm|tcg>-<host>.md and .svg and prints the
 report. Standard library only.
@@ -59,7 +65,8 @@ BWRAP_BASE = ("--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp "
 BWRAP_NS_ALL = "--unshare-all"
 BWRAP_NS_NO_IPC = "--unshare-user-try --unshare-pid --unshare-net --unshare-uts --unshare-cgroup-try"
 
-MONITORS = [("mvm", "mvm"), ("qemu", "QEMU -M microvm"), ("bwrap", "bubblewrap")]
+MONITORS = [("mvm", "mvm"), ("tpl", "mvm, template"), ("qemu", "QEMU -M microvm"),
+            ("bwrap", "bubblewrap")]
 PEERS_OF_MVM = ["qemu", "bwrap"]
 
 # (key, label, unit)
@@ -79,7 +86,13 @@ NOT_APPLICABLE = {
     ("bwrap", "teardown"): "no guest, so the command's exit is not visible apart from bwrap's own",
     ("bwrap", "overhead"): "no guest RAM to subtract (its whole footprint is the process-tree row)",
     ("bwrap", "guest"): "no guest",
+    ("tpl", "boot"): "no boot: the machine is restored where guest-init was ready",
+    ("tpl", "start"): "the same binary as mvm's",
 }
+
+# Machines started at once for the memory-per-machine table, and how.
+CONCURRENT = [1, 10]
+LAYOUTS = [("default", ""), ("bare", "--no-workspace --image none")]
 
 SETUP = r"""
 set -u
@@ -106,11 +119,15 @@ cd "$W/ws" || exit 1
 
 # --console: the guest console on mvm's stderr, line by line to exectime,
 # as QEMU's serial console is (the teardown starts at a console line).
-mvm_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true; }}
+mvm_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --no-snapshot --print-stats --console -- true; }}
+# From a template kept on the same tmpfs: its warm-up run makes it.
+export MVM_TEMPLATES="$W/tpl"
+tpl_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true; }}
+tpl_mem() {{ "$X" --label "$1" --tree --timeout 60 -- "$W/bin/mvm" run --print-stats -- true; }}
 # Memory runs, apart from the timed ones (sampling /proc every 20 ms costs
 # the test host's one CPU): the peak Pss of the whole process tree, mvm
 # and virtiofsd (and its sandbox process) together.
-mvm_mem() {{ "$X" --label "$1" --tree --timeout 60 -- "$W/bin/mvm" run --print-stats -- true; }}
+mvm_mem() {{ "$X" --label "$1" --tree --timeout 60 -- "$W/bin/mvm" run --no-snapshot --print-stats -- true; }}
 qemu() {{ "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/qemu-system-x86_64" "$@"; }}
 # fd 3: the boot marker (isa-debugcon on guest-init's port 0x440);
 # fd 5: the serial console, line by line.
@@ -143,6 +160,9 @@ version() {{
 # above says why) rather than failing N more times.
 mvm_run mvm.run.warm || {{ echo "fail mvm"; exit 1; }}
 version mvm.ver.warm mvm >/dev/null
+# Makes the template (its save time is on this run's stderr).
+tpl_run tpl.run.warm || {{ echo "fail tpl"; exit 1; }}
+echo "info template-kib $(du -sk "$W/tpl" | cut -f1)"
 if [ "$QEMU" = 1 ]; then
     echo "info qemu-version $(qemu --version | head -n 1)"
     qemu_run qemu.run.warm || {{ QEMU=0; echo "skip qemu"; }}
@@ -164,9 +184,11 @@ fi
 i=1
 while [ $i -le $N ]; do
     mvm_run mvm.run.$i
+    tpl_run tpl.run.$i
     [ "$QEMU" = 0 ] || qemu_run qemu.run.$i
     [ "$BWRAP" = 0 ] || bwrap_run bwrap.run.$i
     mvm_mem mvm.mem.$i
+    tpl_mem tpl.mem.$i
     [ "$BWRAP" = 0 ] || bwrap_run bwrap.mem.$i --tree
     # Stopped at the command's exit line to read its guest RAM's Rss.
     [ "$QEMU" = 0 ] || qemu_run qemu.mem.$i --snapshot-at "mvm-init: exit status" --guest-kib {kib} --tree
@@ -175,6 +197,47 @@ while [ $i -le $N ]; do
     [ "$BWRAP" = 0 ] || version bwrap.ver.$i bwrap
     echo "round $i $(cut -d' ' -f1 /proc/uptime)"
     i=$((i + 1))
+done
+
+# Memory per machine with N running at once: each prints "up" once its
+# command runs, then sleeps; when all are up, the Pss of every process of
+# mvm's binary and of virtiofsd is summed (pages shared between machines,
+# such as a template's in the page cache, are split between them).
+pss_sum() {{
+    t=0
+    for d in /proc/[0-9]*; do
+        case $(readlink "$d/exe" 2>/dev/null) in
+        "$W/bin/mvm" | "$W/libexec/mvm/virtiofsd")
+            k=$(sed -n 's/^Pss: *\([0-9]*\) kB/\1/p' "$d/smaps_rollup" 2>/dev/null)
+            t=$((t + ${{k:-0}})) ;;
+        esac
+    done
+    echo $t
+}}
+together() {{
+    label=$1; n=$2; shift 2
+    rm -f "$W"/up.*
+    j=1
+    while [ $j -le $n ]; do
+        "$W/bin/mvm" run "$@" -- sh -c 'echo up; sleep 600' >"$W/up.$j" 2>&1 &
+        j=$((j + 1))
+    done
+    w=0
+    while [ "$(cat "$W"/up.* | grep -c '^up$')" -lt "$n" ] && [ $w -lt 600 ]; do sleep 0.5; w=$((w + 1)); done
+    up=$(cat "$W"/up.* | grep -c '^up$')
+    echo "together $label $n $up $(pss_sum)"
+    for d in /proc/[0-9]*; do
+        [ "$(readlink "$d/exe" 2>/dev/null)" = "$W/bin/mvm" ] && kill -TERM "${{d#/proc/}}" 2>/dev/null
+    done
+    wait
+}}
+for layout in {layouts}; do
+    name=${{layout%%:*}}; flags=$(echo "${{layout#*:}}" | tr , ' ')
+    "$W/bin/mvm" run $flags -- true >/dev/null 2>&1  # its template
+    for n in {concurrent}; do
+        together "cold-$name" $n --no-snapshot $flags
+        together "template-$name" $n $flags
+    done
 done
 exit 0
 """
@@ -309,43 +372,49 @@ def parse_setup(lines):
     return runs, info, other
 
 
+def measure_mvm(runs, i, m, values, failures):
+    """Round i of mvm's runs labelled m (cold or from a template)."""
+    r = runs.get(f"{m}.run.{i}")
+    if r and r.why_failed() is None:
+        stats = {}
+        for fd, _, text in r.lines:
+            mm = STAT_LINE.match(text)
+            if fd == 2 and mm:
+                stats[mm.group(1)] = float(mm.group(2))
+        end = r.exit[0]
+        if "boot to init" in stats:
+            values["boot"].append(stats["boot to init"])
+        values["command"].append(end)
+        done = r.first_line(2, "mvm-init: exit status ")
+        if done and done[1] == "mvm-init: exit status 0":
+            values["teardown"].append(end - done[0])
+        else:
+            failures.append(f"run {i}: no 'exit status 0' console line")
+    elif r:
+        failures.append(f"run {i}: {r.why_failed()}")
+    r = runs.get(f"{m}.mem.{i}")
+    if r and r.why_failed() is None and r.tree:
+        stats = {}
+        for fd, _, text in r.lines:
+            mm = STAT_LINE.match(text)
+            if fd == 2 and mm:
+                stats[mm.group(1)] = float(mm.group(2))
+        if "guest resident" in stats:
+            values["overhead"].append(r.tree - stats["guest resident"])
+            values["guest"].append(stats["guest resident"])
+        values["rss"].append(r.tree)
+    elif r:
+        failures.append(f"memory run {i}: {r.why_failed() or 'no tree figure'}")
+
+
 def measure(runs, n):
     """{monitor: {metric: [values]}} and {monitor: {metric: why}} for
     figures that could not be taken, from the measured (not warm-up) runs."""
     values = {m: {k: [] for k, _, _ in METRICS} for m, _ in MONITORS}
     failures = {m: [] for m, _ in MONITORS}
     for i in range(1, n + 1):
-        r = runs.get(f"mvm.run.{i}")
-        if r and r.why_failed() is None:
-            stats = {}
-            for fd, _, text in r.lines:
-                mm = STAT_LINE.match(text)
-                if fd == 2 and mm:
-                    stats[mm.group(1)] = float(mm.group(2))
-            end = r.exit[0]
-            if "boot to init" in stats:
-                values["mvm"]["boot"].append(stats["boot to init"])
-            values["mvm"]["command"].append(end)
-            done = r.first_line(2, "mvm-init: exit status ")
-            if done and done[1] == "mvm-init: exit status 0":
-                values["mvm"]["teardown"].append(end - done[0])
-            else:
-                failures["mvm"].append(f"run {i}: no 'exit status 0' console line")
-        elif r:
-            failures["mvm"].append(f"run {i}: {r.why_failed()}")
-        r = runs.get(f"mvm.mem.{i}")
-        if r and r.why_failed() is None and r.tree:
-            stats = {}
-            for fd, _, text in r.lines:
-                mm = STAT_LINE.match(text)
-                if fd == 2 and mm:
-                    stats[mm.group(1)] = float(mm.group(2))
-            if "guest resident" in stats:
-                values["mvm"]["overhead"].append(r.tree - stats["guest resident"])
-                values["mvm"]["guest"].append(stats["guest resident"])
-            values["mvm"]["rss"].append(r.tree)
-        elif r:
-            failures["mvm"].append(f"memory run {i}: {r.why_failed() or 'no tree figure'}")
+        for m in ("mvm", "tpl"):
+            measure_mvm(runs, i, m, values[m], failures[m])
 
         r = runs.get(f"qemu.run.{i}")
         if r and r.why_failed() is None:
@@ -399,7 +468,7 @@ def svg(values, skipped, path):
     """Per metric, one strip per monitor on a shared scale from 0 (so that
     lengths compare as the ratios do): every run a dot, the median a bar
     and its value on the right."""
-    colours = {"mvm": "#36c", "qemu": "#d62", "bwrap": "#393"}
+    colours = {"mvm": "#36c", "tpl": "#6ad", "qemu": "#d62", "bwrap": "#393"}
     names = dict(MONITORS)
     width, left, right, strip = 800, 130, 110, 22
     blocks = []
@@ -471,6 +540,8 @@ def main():
         qemu=0 if "qemu" in skipped else 1, bwrap=0 if "bwrap" in skipped else 1,
         mib=GUEST_MIB, kib=GUEST_MIB * 1024, append=shlex.quote(QEMU_APPEND),
         bw_all=BWRAP_NS_ALL, bw_no_ipc=BWRAP_NS_NO_IPC, bw_base=BWRAP_BASE,
+        layouts=" ".join(f"{name}:{','.join(flags.split())}" for name, flags in LAYOUTS),
+        concurrent=" ".join(str(n) for n in CONCURRENT),
     )
     where = "directly" if hw else "inside one test host"
     print(f"bench: {kind}; CPU {model}; {args.runs} rounds after 1 warm-up, {where} "
@@ -512,10 +583,10 @@ def main():
         md, p90, lo, hi = summary(v)
         return f"**{fmt(md, unit)}** (p90 {fmt(p90, unit)}; {fmt(lo, unit)}-{fmt(hi, unit)})"
 
-    def ratio(peer, key):
-        if key not in med["mvm"] or why_na(peer, key):
+    def ratio(peer, key, of="mvm"):
+        if key not in med[of] or why_na(of, key) or why_na(peer, key):
             return "n/a"
-        return f"**{med['mvm'][key] / med[peer][key]:.2f}**"
+        return f"**{med[of][key] / med[peer][key]:.2f}**"
 
     names = dict(MONITORS)
     versions = {}
@@ -550,12 +621,36 @@ def main():
         "Ratios are mvm's median over the peer's: below 1, mvm is faster or smaller. Cells: "
         "**median** (p90; min-max).",
         "",
-        "| metric | mvm / QEMU | mvm / bwrap | mvm | QEMU -M microvm | bubblewrap |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| metric | mvm / QEMU | mvm / bwrap | template / mvm | template / bwrap | mvm | mvm, template "
+        "| QEMU -M microvm | bubblewrap |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key, label, unit in METRICS:
         lines.append(f"| {label} ({unit}) | {ratio('qemu', key)} | {ratio('bwrap', key)} | "
+                     f"{ratio('mvm', key, of='tpl')} | {ratio('bwrap', key, of='tpl')} | "
                      + " | ".join(cell(m, key, unit) for m, _ in MONITORS) + " |")
+    saved = next((t for f, _, t in runs["tpl.run.warm"].lines
+                  if f == 2 and " saved in " in t), None) if "tpl.run.warm" in runs else None
+    lines += [
+        "",
+        f"Template: {saved[len('mvm: '):] if saved else 'no save line from its warm-up run'}; "
+        f"{int(info.get('template-kib', '0')) / 1024:.1f} MiB on disk (a sparse file of "
+        f"{GUEST_MIB} MiB: the guest's data pages).",
+    ]
+    together = [line.split() for line in other if line.startswith("together ")]
+    if together:
+        lines += [
+            "",
+            "Memory per machine, N machines running at once (each's command up and sleeping): the Pss "
+            "of every mvm and virtiofsd process, summed, divided by N. `default` is `mvm run` with the "
+            "default image and the workspace; `bare` is `--no-workspace --image none`.",
+            "",
+            "| machines | N | up | Pss in all (MiB) | per machine (MiB) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for _, label, n, up, pss in together:
+            per = int(pss) / 1024 / max(int(up), 1)
+            lines.append(f"| {label} | {n} | {up} | {int(pss) / 1024:.1f} | {per:.1f} |")
     na = [(m, key, label, why_na(m, key)) for key, label, _ in METRICS for m, _ in MONITORS
           if why_na(m, key)]
     if na:
@@ -572,9 +667,10 @@ def main():
         "",
         "How each figure is taken (docs/benchmarks.md):",
         "",
-        "- what runs: mvm as by default (`mvm run --print-stats --console -- true`: its workspace, an empty "
-        "directory, shared through virtiofsd; the command over the vsock exec channel; seccomp and "
-        "Landlock); QEMU with no device but the serial port and the debugcon, guest-init running `true` "
+        "- what runs: mvm booting cold (`mvm run --no-snapshot --print-stats --console -- true`: its "
+        "workspace, an empty directory, shared through virtiofsd; the default image as its root; the "
+        "command over the vsock exec channel; seccomp and Landlock); mvm, template: the same without "
+        "--no-snapshot, restoring the template its warm-up run saved (docs/snapshots.md); QEMU with no device but the serial port and the debugcon, guest-init running `true` "
         "from `mvm.cmd` on the kernel command line; so the ratios carry mvm's whole default cost.",
         "- boot to init: mvm from its own start (first thing in main) to guest-init's boot marker on "
         "port 0x440, timestamped by mvm; QEMU from the fork of its process to the same marker byte, "
@@ -601,7 +697,7 @@ def main():
     problems = [f"- {names[m]}: {f}" for m, _ in MONITORS for f in failures[m]]
     problems += [f"- {line}" for line in leftovers]
     problems += [f"- unexpected output: {line}" for line in other
-                 if not line.startswith(("round ", "skip ", "fail "))]
+                 if not line.startswith(("round ", "skip ", "fail ", "together "))]
     if problems:
         lines += ["", "Problems during the run (failed runs are left out of the figures):", ""]
         lines += problems

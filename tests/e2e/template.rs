@@ -2,7 +2,8 @@
 //! a machine saves it when guest-init is ready, later runs restore it,
 //! with the default image and the workspace mounted after the restore.
 //! Two restored runs are not twins; a damaged or truncated template is
-//! dropped with a warning and the run boots cold; two runs that both
+//! dropped with a warning and the run boots cold (so is one whose memory
+//! file was changed in place after it was verified); two runs that both
 //! create the same template leave one whole template; `mvm snapshot ls`
 //! and `rm` see and remove it. All in one test host (its tmpfs holds the
 //! templates).
@@ -34,6 +35,8 @@ $MVM run -- true 2>/run/tmp/d.err; echo "damaged state: status $? $(grep -c 'unu
 truncate -s 4096 "$T/$key/memory"
 $MVM run -- true 2>/run/tmp/t.err; echo "truncated memory: status $? $(grep -c 'unusable' /run/tmp/t.err) warning(s); again: $(keys | wc -l)"
 $MVM run -- true 2>/run/tmp/u.err; echo "after the new one: status $? $(grep -c 'warning' /run/tmp/u.err) warning(s)"
+printf x | dd of="$T/$key/memory" bs=1 seek=16777216 conv=notrunc 2>/dev/null
+$MVM run -- true 2>/run/tmp/m.err; echo "altered memory: status $? $(grep -c 'memory does not match its checksum' /run/tmp/m.err) warning(s)"
 rm -rf "$T"
 $MVM run -- sh -c 'echo a' >/run/tmp/c1.out 2>&1 & p1=$!
 $MVM run -- sh -c 'echo b' >/run/tmp/c2.out 2>&1 & p2=$!

@@ -482,6 +482,12 @@ fn a_damaged_or_foreign_snapshot_is_refused_with_its_reason() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"x", 1 << 20).unwrap();
     let e = restore_err(&cfg);
     assert!(e.contains("memory does not match its checksum"), "{e}");
+    // A read that checks the memory file's length only (for a file the
+    // caller verified before, and knows unchanged: templates) does not
+    // hash it, so it cannot see this; a full read does.
+    use machine::snapshot::{read_with, MemoryCheck};
+    assert!(read_with(&snap, MemoryCheck::LengthOnly).is_ok());
+    assert!(read_with(&snap, MemoryCheck::Full).is_err());
 
     let manifest = snap.join("manifest.json");
     let text = std::fs::read_to_string(&manifest).unwrap();
