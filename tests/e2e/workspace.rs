@@ -449,14 +449,12 @@ fn a_share_guest_init_cannot_mount_fails_the_run_with_its_reason() {
         &["--mount", "/run/tmp/outside:/workspace/sub", "--", "true"],
     );
     assert_eq!(run.code, Some(125), "{}", run.stderr);
+    // The agent mounts the shares (the first Exec's setup) and says why
+    // it could not, in one line.
     let stderr = run.mvm_stderr();
     assert!(
-        stderr.contains("mvm: guest-init could not start the command"),
-        "{stderr}"
-    );
-    assert!(
         stderr.contains(
-            "cannot mount shared directory mvm1 at /workspace/sub: Read-only file system"
+            "mvm: cannot set up the machine: cannot mount shared directory mvm1 at /workspace/sub: Read-only file system"
         ),
         "{stderr}"
     );
