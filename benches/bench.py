@@ -109,6 +109,9 @@ mkdir -p "$W/bin" "$W/share/mvm" "$W/libexec/mvm" "$W/ws" &&
     cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$W/share/mvm/" &&
     cp "$B/libexec/mvm/virtiofsd" "$W/libexec/mvm/" &&
     cp -R "$B/peers" "$W/peers" || exit 1
+# The default image's root (374 MiB) stays where make put it, as in the
+# e2e tests: the test host reads it over 9p, cold and restored runs alike.
+ln -s "$B/share/mvm/images" "$W/share/mvm/images" || exit 1
 P=$W/peers
 X=$P/bin/exectime
 echo "info cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
