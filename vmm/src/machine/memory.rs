@@ -147,7 +147,7 @@ pub fn from_snapshot_shared(
 ) -> Result<GuestMemoryMmap, Error> {
     check_layout(layout, mem_size)?;
     let mem = create(mem_size, Backing::Shared)?;
-    copy_into(file, layout, &mem, &mut Copier::new(CopyWay::CopyFileRange)).map_err(Error::Copy)?;
+    copy_into(file, layout, &mem, &mut Copier::new(true)).map_err(Error::Copy)?;
     Ok(mem)
 }
 
@@ -183,50 +183,25 @@ fn copy_into(
     Ok(())
 }
 
-/// Copies ranges between files in the cheapest way the kernel allows for
-/// these two: `copy_file_range`; else (a snapshot on another filesystem
-/// than the memfd: `EXDEV` since Linux 5.19) `sendfile`, which still copies
-/// inside the kernel, page cache to shmem, without a pass through this
-/// process or a fault on its mapping; else `pread`/`pwrite` through a
-/// buffer.
+/// Copies ranges between files: `copy_file_range` while the kernel does
+/// it for these two files, else (a snapshot on another filesystem than
+/// the memfd: `EXDEV` since Linux 5.19) `pread`/`pwrite` through a buffer.
 struct Copier {
-    way: CopyWay,
+    kernel: bool,
     buf: Vec<u8>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CopyWay {
-    CopyFileRange,
-    Sendfile,
-    Buffer,
-}
-
-/// Errors that mean "not for these files", not "failed".
-fn unsupported(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::EXDEV
-                | libc::EINVAL
-                | libc::ENOSYS
-                | libc::EOPNOTSUPP
-                | libc::EPERM
-                | libc::EBADF
-        )
-    )
-}
-
 impl Copier {
-    fn new(way: CopyWay) -> Self {
+    fn new(kernel: bool) -> Self {
         Self {
-            way,
+            kernel,
             buf: Vec::new(),
         }
     }
 
     fn copy(&mut self, src: &File, from: u64, dst: &File, to: u64, len: u64) -> io::Result<()> {
         let mut done = 0u64;
-        while done < len && self.way == CopyWay::CopyFileRange {
+        while done < len && self.kernel {
             let mut off_in = (from + done) as libc::loff_t;
             let mut off_out = (to + done) as libc::loff_t;
             let n = (len - done).min(isize::MAX as u64) as usize;
@@ -249,44 +224,22 @@ impl Copier {
             }
             if copied < 0 {
                 let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                if !unsupported(&e) {
-                    return Err(e);
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(
+                        libc::EXDEV
+                        | libc::EINVAL
+                        | libc::ENOSYS
+                        | libc::EOPNOTSUPP
+                        | libc::EPERM
+                        | libc::EBADF,
+                    ) => {}
+                    _ => return Err(e),
                 }
             }
             // Not for these files (or the source ended early, which the
-            // reads below then report): the next way.
-            self.way = CopyWay::Sendfile;
-        }
-        while done < len && self.way == CopyWay::Sendfile {
-            // sendfile writes at the destination's own offset.
-            // SAFETY: lseek on an fd `dst` owns.
-            let at =
-                unsafe { libc::lseek(dst.as_raw_fd(), (to + done) as libc::off_t, libc::SEEK_SET) };
-            if at < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut off_in = (from + done) as libc::off_t;
-            let n = (len - done).min(1 << 30) as usize;
-            // SAFETY: both fds are open for the call; the kernel reads and
-            // advances the local offset and writes nothing of this process.
-            let sent = unsafe { libc::sendfile(dst.as_raw_fd(), src.as_raw_fd(), &mut off_in, n) };
-            if sent > 0 {
-                done += sent as u64;
-                continue;
-            }
-            if sent < 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                if !unsupported(&e) {
-                    return Err(e);
-                }
-            }
-            self.way = CopyWay::Buffer;
+            // reads below then report): copy through the buffer.
+            self.kernel = false;
         }
         while done < len {
             let n = CHUNK.min((len - done) as usize);
@@ -505,16 +458,11 @@ mod tests {
         assert!(total(&copied) <= 5 * PAGE, "copied {copied:x?}");
         assert_holds(&mem, &layout, &data);
 
-        // Each way on its own: sendfile (where copy_file_range refuses,
-        // EXDEV), the buffer (where both refuse); and from another memfd,
-        // which copy_file_range can.
-        for way in [CopyWay::Sendfile, CopyWay::Buffer] {
-            let mem = create(4 << 30, Backing::Shared).unwrap();
-            let mut copier = Copier::new(way);
-            copy_into(&file, &layout, &mem, &mut copier).unwrap();
-            assert_eq!(copier.way, way, "{way:?} was not refused here");
-            assert_holds(&mem, &layout, &data);
-        }
+        // Through the buffer, as where the kernel cannot copy (EXDEV);
+        // and from another memfd, which the kernel can.
+        let mem = create(4 << 30, Backing::Shared).unwrap();
+        copy_into(&file, &layout, &mem, &mut Copier::new(false)).unwrap();
+        assert_holds(&mem, &layout, &data);
         let source = memfd(4 << 30).unwrap();
         for (at, bytes) in &data {
             source.write_all_at(bytes, *at).unwrap();
