@@ -20,7 +20,8 @@ use mvm_protocol::{
 /// How long to wait between attempts while the guest agent is not yet
 /// listening (the VM is still booting).
 const CONNECT_RETRY: Duration = Duration::from_millis(10);
-/// A connected device answers `CONNECT` within this long, or never will.
+/// How long one attempt waits for the device's answer to `CONNECT` (the
+/// guest's, in truth: the device forwards the request); then it asks again.
 const CONNECT_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
@@ -59,11 +60,21 @@ pub fn send(writer: &Writer, msg: &Message) -> Result<(), Error> {
 /// Connects to guest `port` through the device's hybrid Unix socket,
 /// retrying while the guest is still booting; `vm_gone` ends the wait.
 pub fn connect(uds: &Path, port: u32, vm_gone: &dyn Fn() -> bool) -> Result<UnixStream, Error> {
+    connect_waiting(uds, port, vm_gone, CONNECT_REPLY_TIMEOUT)
+}
+
+/// [`connect`], with each attempt's wait for the device's answer given.
+fn connect_waiting(
+    uds: &Path,
+    port: u32,
+    vm_gone: &dyn Fn() -> bool,
+    reply_timeout: Duration,
+) -> Result<UnixStream, Error> {
     loop {
         if vm_gone() {
             return Err(Error::VmGone);
         }
-        match try_connect(uds, port) {
+        match try_connect(uds, port, reply_timeout) {
             Ok(Some(stream)) => return Ok(stream),
             // Refused by the guest (no listener yet: the device closes or
             // resets our socket) or the socket not yet bound: the agent
@@ -76,6 +87,12 @@ pub fn connect(uds: &Path, port: u32, vm_gone: &dyn Fn() -> bool) -> Result<Unix
                         | io::ErrorKind::ConnectionRefused
                         | io::ErrorKind::ConnectionReset
                         | io::ErrorKind::BrokenPipe
+                        // No answer in time: a guest kernel that has not got
+                        // to its vsock queues yet (ten machines booting on
+                        // one CPU took longer than that); it is still
+                        // booting, the VM is alive, so ask again.
+                        | io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
                 ) => {}
             Err(source) => {
                 return Err(Error::Connect {
@@ -88,10 +105,10 @@ pub fn connect(uds: &Path, port: u32, vm_gone: &dyn Fn() -> bool) -> Result<Unix
     }
 }
 
-fn try_connect(uds: &Path, port: u32) -> io::Result<Option<UnixStream>> {
+fn try_connect(uds: &Path, port: u32, reply_timeout: Duration) -> io::Result<Option<UnixStream>> {
     let mut stream = UnixStream::connect(uds)?;
     stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
-    stream.set_read_timeout(Some(CONNECT_REPLY_TIMEOUT))?;
+    stream.set_read_timeout(Some(reply_timeout))?;
     // Byte by byte: whatever follows the newline already belongs to the
     // guest's stream and must not be swallowed by a buffer.
     let mut line = Vec::new();
@@ -239,6 +256,27 @@ mod tests {
         send(&writer, &Message::StdinEof).unwrap();
         assert_eq!(relay_output(&mut reader).unwrap().status, 7);
         guest.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_connect_nobody_answers_in_time_is_asked_again_not_a_failure() {
+        let path = sock("slow");
+        let listener = UnixListener::bind(&path).unwrap();
+        let device = thread::spawn(move || {
+            // The first request is left unanswered (a guest still booting,
+            // its device not yet served); the second is answered.
+            let (silent, _) = listener.accept().unwrap();
+            let (mut s, _) = listener.accept().unwrap();
+            let mut b = [0u8];
+            while s.read(&mut b).unwrap() == 1 && b[0] != b'\n' {}
+            s.write_all(b"OK 1073741824\n").unwrap();
+            drop(silent);
+            s
+        });
+        let stream = connect_waiting(&path, 1024, &|| false, Duration::from_millis(200));
+        assert!(stream.is_ok(), "{:?}", stream.err());
+        device.join().unwrap();
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -107,8 +107,10 @@ impl VirtioDevice for Vsock {
     }
 
     /// The CID is all that identifies the device. Host connections are
-    /// not state: a restored guest is told its transport was reset
-    /// (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET) and connects again.
+    /// not state, and none is lost: `mvm run` saves a template before the
+    /// host ever connects (docs/snapshots.md, "vsock after a restore"), so
+    /// a restored guest has nothing to reset (no
+    /// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET is sent).
     fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {
         Ok(VirtioDeviceSnapshot::Vsock { cid: self.cid })
     }
