@@ -39,7 +39,7 @@ IMAGE_ROOT := $(SHARE)/images/debian.erofs
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-image bench-egress bench-confine clean
+.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-image bench-egress bench-concurrent bench-confine clean
 all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
@@ -137,6 +137,11 @@ bench-image: all
 # (docs/benchmarks.md).
 bench-egress: all
 	python3 benches/egress.py
+
+# Memory per machine with 1 and 10 running at once, cold and from a
+# template (docs/benchmarks.md).
+bench-concurrent: all
+	python3 benches/concurrent.py
 
 # Start-up cost of the VMM's confinement (docs/benchmarks.md).
 bench-confine: all

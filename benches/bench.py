@@ -21,10 +21,8 @@ host's tmpfs and runs, after one warm-up each, N interleaved rounds of:
   each     `--version` (start-up of the binary alone)
 
 Metrics (median, p90, min, max): boot to init, command end to end,
-teardown, VMM memory overhead, peak RSS, binary start. Then the memory
-of 1 and of 10 machines running at once, cold and from a template, with
-and without the workspace: the Pss of every mvm and virtiofsd process,
-summed, per machine. A figure that cannot
+teardown, VMM memory overhead, peak RSS, binary start. (Memory with many
+machines at once: benches/concurrent.py.) A figure that cannot
 be measured for a peer is "n/a" with the reason; no figure is made up.
 Writes benches/results/<date>-<kvm|tcg>-<host>.md and .svg and prints the
 report. Standard library only.
@@ -93,9 +91,6 @@ NOT_APPLICABLE = {
                          "mapped yet and Pss does not count (see the process-tree row)",
 }
 
-# Machines started at once for the memory-per-machine table, and how.
-CONCURRENT = [1, 10]
-LAYOUTS = [("default", ""), ("bare", "--no-workspace --image none")]
 
 SETUP = r"""
 set -u
@@ -205,47 +200,6 @@ while [ $i -le $N ]; do
     i=$((i + 1))
 done
 
-# Memory per machine with N running at once: each prints "up" once its
-# command runs, then sleeps; when all are up, the Pss of every process of
-# mvm's binary and of virtiofsd is summed (pages shared between machines,
-# such as a template's in the page cache, are split between them).
-pss_sum() {{
-    t=0
-    for d in /proc/[0-9]*; do
-        case $(readlink "$d/exe" 2>/dev/null) in
-        "$W/bin/mvm" | "$W/libexec/mvm/virtiofsd")
-            k=$(sed -n 's/^Pss: *\([0-9]*\) kB/\1/p' "$d/smaps_rollup" 2>/dev/null)
-            t=$((t + ${{k:-0}})) ;;
-        esac
-    done
-    echo $t
-}}
-together() {{
-    label=$1; n=$2; shift 2
-    rm -f "$W"/up.*
-    j=1
-    while [ $j -le $n ]; do
-        "$W/bin/mvm" run "$@" -- sh -c 'echo up; sleep 600' >"$W/up.$j" 2>&1 &
-        j=$((j + 1))
-    done
-    w=0
-    # Whole seconds: the test host's busybox sleep takes no fractions.
-    while [ "$(cat "$W"/up.* 2>/dev/null | grep -c '^up$')" -lt "$n" ] && [ $w -lt 300 ]; do sleep 1; w=$((w + 1)); done
-    up=$(cat "$W"/up.* 2>/dev/null | grep -c '^up$')
-    echo "together $label $n $up $(pss_sum)"
-    for d in /proc/[0-9]*; do
-        [ "$(readlink "$d/exe" 2>/dev/null)" = "$W/bin/mvm" ] && kill -TERM "${{d#/proc/}}" 2>/dev/null
-    done
-    wait
-}}
-for layout in {layouts}; do
-    name=${{layout%%:*}}; flags=$(echo "${{layout#*:}}" | tr , ' ')
-    "$W/bin/mvm" run $flags -- true >/dev/null 2>&1  # its template
-    for n in {concurrent}; do
-        together "cold-$name" $n --no-snapshot $flags
-        together "template-$name" $n $flags
-    done
-done
 exit 0
 """
 
@@ -547,8 +501,6 @@ def main():
         qemu=0 if "qemu" in skipped else 1, bwrap=0 if "bwrap" in skipped else 1,
         mib=GUEST_MIB, kib=GUEST_MIB * 1024, append=shlex.quote(QEMU_APPEND),
         bw_all=BWRAP_NS_ALL, bw_no_ipc=BWRAP_NS_NO_IPC, bw_base=BWRAP_BASE,
-        layouts=" ".join(f"{name}:{','.join(flags.split())}" for name, flags in LAYOUTS),
-        concurrent=" ".join(str(n) for n in CONCURRENT),
     )
     where = "directly" if hw else "inside one test host"
     print(f"bench: {kind}; CPU {model}; {args.runs} rounds after 1 warm-up, {where} "
@@ -644,20 +596,6 @@ def main():
         f"{int(info.get('template-kib', '0')) / 1024:.1f} MiB on disk (a sparse file of "
         f"{GUEST_MIB} MiB: the guest's data pages).",
     ]
-    together = [line.split() for line in other if line.startswith("together ")]
-    if together:
-        lines += [
-            "",
-            "Memory per machine, N machines running at once (each's command up and sleeping): the Pss "
-            "of every mvm and virtiofsd process, summed, divided by N. `default` is `mvm run` with the "
-            "default image and the workspace; `bare` is `--no-workspace --image none`.",
-            "",
-            "| machines | N | up | Pss in all (MiB) | per machine (MiB) |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for _, label, n, up, pss in together:
-            per = int(pss) / 1024 / max(int(up), 1)
-            lines.append(f"| {label} | {n} | {up} | {int(pss) / 1024:.1f} | {per:.1f} |")
     na = [(m, key, label, why_na(m, key)) for key, label, _ in METRICS for m, _ in MONITORS
           if why_na(m, key)]
     if na:
@@ -704,7 +642,7 @@ def main():
     problems = [f"- {names[m]}: {f}" for m, _ in MONITORS for f in failures[m]]
     problems += [f"- {line}" for line in leftovers]
     problems += [f"- unexpected output: {line}" for line in other
-                 if not line.startswith(("round ", "skip ", "fail ", "together "))]
+                 if not line.startswith(("round ", "skip ", "fail "))]
     if problems:
         lines += ["", "Problems during the run (failed runs are left out of the figures):", ""]
         lines += problems
