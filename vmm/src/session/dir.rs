@@ -87,8 +87,10 @@ impl SessionDir {
             .unwrap_or_default();
         let path = base.join(format!("{}-{nanos:x}", std::process::id()));
         mkdir_private(&path).map_err(|e| create_err(&path, e))?;
+        // Waiting, not trying: another run's sweep may hold it for a moment
+        // (it takes every lock it can to tell live sessions from dead).
         let lock = File::create(path.join(LOCK))
-            .and_then(|f| try_lock(&f).map(|_| f))
+            .and_then(|f| lock_waiting(&f).map(|()| f))
             .map_err(|e| {
                 let _ = fs::remove_dir_all(&path);
                 create_err(&path, e)
@@ -129,7 +131,33 @@ fn try_lock(file: &File) -> io::Result<bool> {
     }
 }
 
+/// An exclusive flock, waiting for it.
+fn lock_waiting(file: &File) -> io::Result<()> {
+    loop {
+        // SAFETY: flock on an fd this File owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Whether `path` was last changed more than [`UNLOCKED_GRACE`] ago.
+fn older_than_grace(meta: io::Result<fs::Metadata>) -> bool {
+    meta.ok()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > UNLOCKED_GRACE)
+}
+
 /// Removes the session directories no live session holds the lock of.
+/// A lock file younger than [`UNLOCKED_GRACE`] is left alone even when
+/// nobody holds it: its session may be between creating it and locking
+/// it (two runs started together, one sweeping the other's new
+/// directory, was seen in the tests).
 fn sweep_stale(base: &Path) {
     let Ok(entries) = fs::read_dir(base) else {
         return;
@@ -141,13 +169,8 @@ fn sweep_stale(base: &Path) {
         }
         let stale = match File::open(path.join(LOCK)) {
             // Taken: nobody holds it. The lock is dropped with the file.
-            Ok(lock) => try_lock(&lock).unwrap_or(false),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => entry
-                .metadata()
-                .ok()
-                .and_then(|m| m.modified().ok())
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > UNLOCKED_GRACE),
+            Ok(lock) => older_than_grace(lock.metadata()) && try_lock(&lock).unwrap_or(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => older_than_grace(entry.metadata()),
             Err(_) => false,
         };
         if stale {
@@ -186,10 +209,19 @@ mod tests {
         let base = scratch("sweep");
         fs::create_dir_all(&base).unwrap();
         fs::set_permissions(&base, fs::Permissions::from_mode(0o700)).unwrap();
-        // A session killed with SIGKILL: its lock file, nobody holding it.
+        // A session killed with SIGKILL a while ago: its lock file, nobody
+        // holding it.
         let dead = base.join("99999999-1");
         fs::create_dir(&dead).unwrap();
-        File::create(dead.join(LOCK)).unwrap();
+        let old = std::time::SystemTime::now() - UNLOCKED_GRACE * 2;
+        File::create(dead.join(LOCK))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        // One that has just made its lock file and not yet locked it.
+        let locking = base.join("99999996-1");
+        fs::create_dir(&locking).unwrap();
+        File::create(locking.join(LOCK)).unwrap();
         // A live session of another PID namespace: a PID this process
         // cannot see (above the kernel's maximum), its lock held.
         let other_ns = base.join("99999998-1");
@@ -208,6 +240,10 @@ mod tests {
         assert!(
             creating.exists(),
             "a new directory without a lock is left alone"
+        );
+        assert!(
+            locking.exists(),
+            "a new lock file nobody holds yet is left alone"
         );
         // The new session's own lock is held: a second sweep keeps it.
         let second = SessionDir::create_in(&base).unwrap();
