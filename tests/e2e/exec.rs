@@ -186,7 +186,10 @@ fn an_idle_guest_costs_almost_no_cpu() {
     let wall = stat(&idle, "wall");
     assert!(wall >= IDLE, "the sleep run took only {wall} s");
     let cpu = stat(&idle, "cpu") - stat(&short, "cpu");
-    assert!(cpu < IDLE * 0.5, "idle: {cpu} s of CPU over {IDLE} s of sleep");
+    assert!(
+        cpu < IDLE * 0.5,
+        "idle: {cpu} s of CPU over {IDLE} s of sleep"
+    );
 }
 
 #[test]
