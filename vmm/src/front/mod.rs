@@ -14,6 +14,7 @@ pub mod run;
 pub mod snapshot_cmd;
 mod stats;
 pub mod template;
+mod template_save;
 mod vm_args;
 
 pub use failure::Failure;

@@ -14,6 +14,7 @@ use mvm_protocol::{boot::agent_param, ExecRequest, GUEST_CID};
 
 use super::request::{exec_request, machine_setup, root_disk};
 use super::template::{self, Plan};
+use super::template_save::save_template;
 use super::{
     beside_binary, confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure,
     vmm_failure, Failure, VmArgs, BASE_CMDLINE,
@@ -264,7 +265,7 @@ fn run_in_vm(
     };
     front.mark(match plan {
         Plan::Restore { .. } => "template found",
-        Plan::Create { .. } => "no template: this run makes it",
+        Plan::Create(_) => "no template: this run makes it",
         Plan::Cold => "booting cold",
     });
     let console: Box<dyn io::Write + Send> = if args.console {
@@ -289,22 +290,7 @@ fn run_in_vm(
             }),
             None,
         ),
-        Plan::Create {
-            key,
-            dir,
-            store,
-            info,
-            _lock,
-        } => (
-            boot::boot(&config, console),
-            Some(Creating {
-                key,
-                dir,
-                store,
-                info,
-                _lock,
-            }),
-        ),
+        Plan::Create(creating) => (boot::boot(&config, console), Some(creating)),
         Plan::Cold => (boot::boot(&config, console), None),
     };
     let mut machine = match built {
@@ -420,74 +406,6 @@ fn run_in_vm(
         print_console_tail(&dir.console_path());
     }
     Err(failure)
-}
-
-/// The template this run saves when guest-init is ready.
-struct Creating {
-    key: String,
-    dir: PathBuf,
-    store: PathBuf,
-    info: template::TemplateInfo,
-    /// Held until the template is written: one writer per key.
-    _lock: File,
-}
-
-/// How often the loop looks for guest-init's ready marker.
-const MARKER_POLL: Duration = Duration::from_millis(2);
-
-/// Serves the machine until guest-init is ready, then pauses it, saves it
-/// as the template and lets it go on. False when the machine stopped
-/// first (its outcome says why). A template that cannot be written is a
-/// warning: the run goes on as a cold boot would.
-fn save_template(
-    machine: &mut crate::machine::Machine,
-    creating: &Creating,
-    deadline: Option<Instant>,
-    print_stats: bool,
-) -> Result<bool, Failure> {
-    use crate::machine::event_loop::Wait;
-    use mvm_protocol::boot::MARKER_INIT_READY;
-    loop {
-        if machine.has_marker(MARKER_INIT_READY) {
-            break;
-        }
-        let step = Instant::now() + MARKER_POLL;
-        let until = deadline.map_or(step, |d| d.min(step));
-        if machine.run_until(Some(until)).map_err(vmm_failure)? == Wait::Stopped {
-            return Ok(false);
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            // machine.wait() sees the deadline and stops it.
-            return Ok(false);
-        }
-    }
-    let at = Instant::now();
-    machine.pause().map_err(vmm_failure)?;
-    let saved = machine.snapshot(&creating.dir);
-    machine.resume();
-    let took = at.elapsed();
-    match saved {
-        Ok(()) => {
-            if let Err(e) = template::describe(&creating.store, &creating.key, &creating.info) {
-                eprintln!(
-                    "mvm: warning: cannot describe template {}: {e}",
-                    creating.key
-                );
-            }
-            if print_stats {
-                eprintln!(
-                    "mvm: template {} saved in {:.1} ms",
-                    creating.key,
-                    took.as_secs_f64() * 1e3
-                );
-            }
-        }
-        Err(e) => eprintln!(
-            "mvm: warning: cannot save template {} ({e}); the next run boots cold again",
-            creating.key
-        ),
-    }
-    Ok(true)
 }
 
 /// The run's exit status from how the machine ended and what the exec

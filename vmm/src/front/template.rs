@@ -133,14 +133,19 @@ pub enum Plan {
     /// Restore this template instead of booting.
     Restore { key: String, loaded: Loaded },
     /// Boot, and save the machine as this template when guest-init is
-    /// ready. The lock is held until it is written.
-    Create {
-        key: String,
-        dir: PathBuf,
-        store: PathBuf,
-        info: TemplateInfo,
-        _lock: File,
-    },
+    /// ready.
+    Create(Creating),
+}
+
+/// A template a run is making.
+pub struct Creating {
+    pub key: String,
+    /// Where it goes: `store/key`.
+    pub dir: PathBuf,
+    pub store: PathBuf,
+    pub info: TemplateInfo,
+    /// Held until the template is written: one writer per key.
+    _lock: File,
 }
 
 /// The plan for a machine `config` describes. Problems are one warning
@@ -184,13 +189,13 @@ pub fn plan(config: &VmConfig) -> Plan {
     if let Some(loaded) = load(&store, &key) {
         return Plan::Restore { key, loaded };
     }
-    Plan::Create {
+    Plan::Create(Creating {
         key,
         dir,
         store,
         info,
         _lock: lock,
-    }
+    })
 }
 
 /// The template `key`; a damaged one is removed with a warning (the run
