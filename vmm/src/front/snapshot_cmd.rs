@@ -142,7 +142,7 @@ fn rm(store: &Path, all: bool, keys: &[String]) -> Result<i32, Failure> {
     let list = entries(store);
     if !all && keys.is_empty() {
         return Err(setup_failure(
-            "mvm snapshot rm: name a KEY (from mvm snapshot ls) or pass --all",
+            "snapshot rm: name a KEY (from mvm snapshot ls) or pass --all",
         ));
     }
     let mut chosen = Vec::new();
@@ -155,12 +155,12 @@ fn rm(store: &Path, all: bool, keys: &[String]) -> Result<i32, Failure> {
             [one] => chosen.push(one.key.clone()),
             [] => {
                 return Err(setup_failure(format!(
-                    "mvm snapshot rm: no template {wanted} (see mvm snapshot ls)"
+                    "snapshot rm: no template {wanted} (see mvm snapshot ls)"
                 )))
             }
             _ => {
                 return Err(setup_failure(format!(
-                    "mvm snapshot rm: {wanted} matches {} templates: give more of the key",
+                    "snapshot rm: {wanted} matches {} templates: give more of the key",
                     matching.len()
                 )))
             }
