@@ -59,6 +59,9 @@ pub struct Summary {
     pub bytes_down: u64,
     /// Log lines that could not be written (disk full, ...).
     pub log_errors: u64,
+    /// The proxy's own peak resident memory so far (getrusage's
+    /// ru_maxrss), in KiB: what a flooding guest costs the host.
+    pub peak_rss_kib: u64,
 }
 
 /// Distinct denied targets listed in the summary.
@@ -147,6 +150,7 @@ impl Inner {
     /// leaves a complete summary.
     fn write_summary(&mut self) {
         let Some(f) = &self.summary_file else { return };
+        self.summary.peak_rss_kib = peak_rss_kib();
         let mut text = serde_json::to_vec(&self.summary).unwrap_or_default();
         text.push(b'\n');
         let ok = f.write_all_at(&text, 0).is_ok() && f.set_len(text.len() as u64).is_ok();
@@ -154,6 +158,17 @@ impl Inner {
             self.summary.log_errors += 1;
         }
     }
+}
+
+/// This process's peak resident set size in KiB (0 if unknown).
+fn peak_rss_kib() -> u64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct we own.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF and a valid pointer to that struct.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    u64::try_from(usage.ru_maxrss).unwrap_or(0)
 }
 
 /// RFC 3339 in UTC with milliseconds, e.g. `2025-01-31T12:00:00.123Z`.

@@ -39,7 +39,9 @@ pub struct Args {
     /// Deny the same kinds of pattern; deny wins. Repeatable.
     #[arg(long, value_name = "PATTERN")]
     pub deny: Vec<String>,
-    /// A JSON file {"allow": [...], "deny": [...]}, added to the flags.
+    /// A policy file, added to the flags: TOML (allow = [...], deny = [...])
+    /// or JSON ({"allow": [...], "deny": [...]}), by its name (.toml, .json)
+    /// or else by its first character.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
     /// The JSON Lines request log, appended to (created 0600).

@@ -25,6 +25,13 @@ fn run(args: &cli::Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the event loop: {e}"))?;
+    // mvm's SIGTERM at the end of a run: cut what is open, log it, exit.
+    // Registered before confinement (sigaction is not in the filter).
+    let mut term = {
+        let _context = runtime.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("cannot handle SIGTERM: {e}"))?
+    };
     if args.no_landlock {
         eprintln!(
             "mvm-egress: warning: --no-landlock: the proxy keeps its view of the host filesystem"
@@ -54,6 +61,12 @@ fn run(args: &cli::Args) -> Result<(), String> {
     runtime.block_on(async {
         let listener = tokio::net::UnixListener::from_std(setup.listener)
             .map_err(|e| format!("cannot use the listening socket: {e}"))?;
+        let ender = proxy.clone();
+        tokio::spawn(async move {
+            if term.recv().await.is_some() {
+                ender.end();
+            }
+        });
         proxy.serve(listener).await;
         Ok(())
     })

@@ -16,7 +16,8 @@ pub struct Policy {
     pub deny: Vec<Pattern>,
 }
 
-/// The policy file: `{"allow": ["example.org", ...], "deny": [...]}`.
+/// The policy file: `{"allow": ["example.org", ...], "deny": [...]}` in
+/// JSON, or `allow = ["example.org", ...]` and `deny = [...]` in TOML.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -136,16 +137,41 @@ impl Policy {
         Ok(())
     }
 
-    /// Adds the rules of a JSON policy file.
+    /// Adds the rules of a policy file: TOML if its name ends in `.toml`,
+    /// JSON if in `.json`, and otherwise JSON when its text starts with
+    /// `{`, TOML when not.
     pub fn add_file(&mut self, path: &Path) -> Result<(), Error> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| Error::Read(name.clone(), e))?;
-        self.add_json(&name, &text)
+        let toml = match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => true,
+            Some("json") => false,
+            _ => !text.trim_start().starts_with('{'),
+        };
+        if toml {
+            self.add_toml(&name, &text)
+        } else {
+            self.add_json(&name, &text)
+        }
     }
 
     pub fn add_json(&mut self, name: &str, text: &str) -> Result<(), Error> {
         let file: File =
             serde_json::from_str(text).map_err(|e| Error::Parse(name.into(), e.to_string()))?;
+        self.add(&file.allow, &file.deny)
+    }
+
+    pub fn add_toml(&mut self, name: &str, text: &str) -> Result<(), Error> {
+        // toml's messages span lines (the line, a caret); the error is one.
+        let file: File = toml::from_str(text).map_err(|e| {
+            Error::Parse(
+                name.into(),
+                e.to_string()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
+        })?;
         self.add(&file.allow, &file.deny)
     }
 
@@ -365,5 +391,56 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn toml_policy_files_hold_the_same_rules() {
+        let mut p = Policy::default();
+        p.add_toml(
+            "t.toml",
+            "# the package index\nallow = [\"*.example.org\", \"127.0.0.1:8080\"]\ndeny = [\"bad.example.org\"]\n",
+        )
+        .unwrap();
+        assert!(p.check_name("www.example.org", 443).is_ok());
+        assert!(p.check_name("bad.example.org", 443).is_err());
+        assert!(p.check_addr(ip("127.0.0.1"), 8080, None).is_ok());
+        for bad in [
+            "allow = [\"a.*.b\"]",
+            "alow = [\"example.org\"]",
+            "allow = \"example.org\"",
+            "allow = [\n",
+        ] {
+            let e = Policy::default().add_toml("t.toml", bad).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.starts_with("--allow") || text.contains("t.toml"),
+                "{text}"
+            );
+            assert!(!text.contains('\n'), "one line: {text:?}");
+        }
+    }
+
+    #[test]
+    fn a_policy_file_is_toml_or_json_by_its_name_or_first_character() {
+        let dir = std::env::temp_dir().join(format!("mvm-egress-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cases = [
+            ("p.toml", "allow = [\"a.example\"]"),
+            ("p.json", "{\"allow\": [\"a.example\"]}"),
+            ("policy", "  {\"allow\": [\"a.example\"]}"),
+            ("policy.conf", "allow = [\"a.example\"]"),
+        ];
+        for (name, text) in cases {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let mut p = Policy::default();
+            p.add_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(p.check_name("a.example", 443).is_ok(), "{name}");
+        }
+        // The name decides over the text: JSON in a .toml file is an error.
+        let path = dir.join("wrong.toml");
+        std::fs::write(&path, "{\"allow\": [\"a.example\"]}").unwrap();
+        assert!(Policy::default().add_file(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::time::{timeout, Instant};
 
 use crate::audit::{self, Audit, Record};
@@ -29,6 +29,8 @@ pub struct Proxy {
     pub audit: Audit,
     used: AtomicU64,
     seq: AtomicU64,
+    /// Set once by `end` (mvm's SIGTERM when the run is over).
+    ending: watch::Sender<bool>,
 }
 
 /// How an exchange ended early: what the client is told and logged.
@@ -63,7 +65,13 @@ enum End {
     Io,
     Idle,
     Budget,
+    /// `Proxy::end`: the run is over.
+    RunOver,
 }
+
+/// How long `serve` waits, after `end`, for open connections to be cut
+/// and logged (each is cut at once; this only bounds a stuck write).
+const END_GRACE: Duration = Duration::from_secs(2);
 
 impl Proxy {
     pub fn new(policy: Policy, resolver: Resolver, limits: Limits, audit: Audit) -> Proxy {
@@ -74,20 +82,59 @@ impl Proxy {
             audit,
             used: AtomicU64::new(0),
             seq: AtomicU64::new(0),
+            ending: watch::channel(false).0,
         }
     }
 
+    /// The run is over: accept nothing more, cut what is still open, and
+    /// let `serve` return once each open connection has its log line.
+    pub fn end(&self) {
+        self.ending.send_replace(true);
+    }
+
+    /// Resolves once `end` was called.
+    async fn ended(&self) {
+        let mut rx = self.ending.subscribe();
+        let _ = rx.wait_for(|&e| e).await;
+    }
+
+    /// `work`, or an error once the run ended first (a request still being
+    /// read, resolved or connected when the VM was gone).
+    async fn until_end<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, Refusal>>,
+    ) -> Result<T, Refusal> {
+        tokio::select! {
+            r = work => r,
+            () = self.ended() => Err(error(
+                0,
+                "run ended",
+                "the run ended before the request was through".into(),
+            )),
+        }
+    }
+
+    /// Serves until `end`, then waits (at most `END_GRACE`) for every open
+    /// connection to be cut and logged.
     pub async fn serve(self: Arc<Self>, listener: UnixListener) {
         let permits = Arc::new(Semaphore::new(self.limits.max_connections));
         let mut bucket = Bucket::new(self.limits.conn_rate);
         loop {
             // Past either limit nothing is accepted: further connections
             // wait in the listen backlog, then in the guest.
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
+            let next = async {
+                let permit = permits.clone().acquire_owned().await.ok()?;
+                bucket.take().await;
+                Some((permit, listener.accept().await))
             };
-            bucket.take().await;
-            let client = match listener.accept().await {
+            let (permit, accepted) = tokio::select! {
+                n = next => match n {
+                    Some(n) => n,
+                    None => return,
+                },
+                () = self.ended() => break,
+            };
+            let client = match accepted {
                 Ok((c, _)) => c,
                 Err(_) => {
                     // Out of fds or the like: back off instead of spinning.
@@ -101,6 +148,9 @@ impl Proxy {
                 drop(permit);
             });
         }
+        // Every permit back: every connection task has written its line.
+        let all = u32::try_from(self.limits.max_connections).unwrap_or(u32::MAX);
+        let _ = timeout(END_GRACE, permits.acquire_many(all)).await;
     }
 
     async fn handle(&self, mut client: UnixStream) {
@@ -129,7 +179,7 @@ impl Proxy {
     }
 
     async fn exchange(&self, client: &mut UnixStream, rec: &mut Record) -> Result<(), Refusal> {
-        let (req, leftover) = self.read_head(client).await?;
+        let (req, leftover) = self.until_end(self.read_head(client)).await?;
         let (host, port) = req.host_port();
         let host = host.clone();
         rec.method = Some(req.method().to_string());
@@ -141,9 +191,11 @@ impl Proxy {
         if self.used.load(Ordering::Relaxed) >= self.limits.max_bytes {
             return Err(self.budget_refusal());
         }
-        let (candidates, rule) = self.check(&host, port, rec).await?;
+        let (candidates, rule) = self.until_end(self.check(&host, port, rec)).await?;
         rec.rule = rule;
-        let (mut upstream, addr) = self.connect(&host, port, &candidates).await?;
+        let (mut upstream, addr) = self
+            .until_end(self.connect(&host, port, &candidates))
+            .await?;
         rec.address = Some(addr.ip().to_string());
         let forward = match &req {
             Request::Connect { .. } => {
@@ -195,6 +247,10 @@ impl Proxy {
             }
             Some(End::Budget) => {
                 rec.reason = Some(self.budget_refusal().message);
+                Ok(())
+            }
+            Some(End::RunOver) => {
+                rec.reason = Some("still open when the run ended: cut".into());
                 Ok(())
             }
         }
@@ -429,6 +485,7 @@ impl Proxy {
         let end = tokio::select! {
             r = work => r.err(),
             e = watchdog => Some(e),
+            () = self.ended() => Some(End::RunOver),
         };
         (up.into_inner(), down.into_inner(), end)
     }

@@ -107,6 +107,13 @@ fn a_flood_and_a_big_upload_leave_the_proxy_bounded_and_responsive() {
     assert_eq!(last["decision"], "allowed");
     let sum = e.summary();
     assert_eq!(sum["denied"], 3200);
+    // The summary's own peak (getrusage) is the same figure as VmHWM,
+    // read from outside, give or take what it grew since the last write.
+    let peak = sum["peak_rss_kib"].as_u64().unwrap();
+    assert!(
+        peak > 0 && peak <= hwm,
+        "summary peak {peak} KiB, VmHWM {hwm} KiB"
+    );
     assert_eq!(
         sum["denied_hosts"],
         serde_json::json!(["blocked.example.org:443"])

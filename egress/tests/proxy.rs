@@ -355,3 +355,61 @@ fn confinement_leaves_no_filesystem_and_no_stray_system_calls() {
         "{err}"
     );
 }
+
+#[test]
+fn at_sigterm_open_connections_are_cut_logged_with_their_bytes_and_the_proxy_exits() {
+    let echo = echo_server();
+    let allow = format!("127.0.0.1:{}", echo.port());
+    let mut e = Egress::start(&["--allow", &allow]);
+    // One tunnel carrying bytes, one request still half sent.
+    let mut tunnel = e.connect();
+    write!(tunnel, "CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", echo.port()).unwrap();
+    let mut head = [0u8; 39];
+    tunnel.read_exact(&mut head).unwrap();
+    tunnel.write_all(b"hello").unwrap();
+    let mut back = [0u8; 5];
+    tunnel.read_exact(&mut back).unwrap();
+    let mut half = e.connect();
+    half.write_all(b"CONNECT 127.0.0.1").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+
+    // SAFETY: signals the proxy this test started.
+    unsafe { libc::kill(e.child.id() as libc::pid_t, libc::SIGTERM) };
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = e.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "still running 5 s after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Exit 0, not a seccomp kill: the signal's delivery is in the filter.
+    assert!(status.success(), "{status:?}");
+    let log = e.log_lines(2);
+    let cut = log
+        .iter()
+        .find(|l| l["method"] == "CONNECT")
+        .unwrap_or_else(|| panic!("{log:?}"));
+    assert_eq!(cut["decision"], "allowed");
+    assert_eq!(cut["reason"], "still open when the run ended: cut");
+    assert_eq!(
+        (cut["bytes_up"].as_u64(), cut["bytes_down"].as_u64()),
+        (Some(5), Some(5))
+    );
+    let partial = log
+        .iter()
+        .find(|l| l["method"].is_null())
+        .unwrap_or_else(|| panic!("{log:?}"));
+    assert_eq!(partial["decision"], "error");
+    assert_eq!(partial["rule"], "run ended");
+    assert_eq!(e.summary()["requests"], 2);
+    // Both clients see their connection closed.
+    let mut rest = Vec::new();
+    assert!(tunnel
+        .read_to_end(&mut rest)
+        .map(|_| rest.is_empty())
+        .unwrap_or(true));
+}

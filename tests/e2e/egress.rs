@@ -215,3 +215,61 @@ fn a_policy_the_proxy_cannot_read_is_one_line_before_the_command_runs() {
         r.stderr
     );
 }
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_tunnel_still_open_when_the_run_ends_is_logged_with_its_bytes() {
+    // The command holds a tunnel with half a request sent until --timeout
+    // stops the VM (no guest-init to close it): the proxy is told the run
+    // is over, cuts it and logs it, with the bytes, before mvm exits.
+    let script = "python3 -c 'import socket, time
+s = socket.create_connection((\"127.0.0.1\", 3128))
+s.sendall(b\"CONNECT web.test:8080 HTTP/1.1\\r\\nHost: web.test:8080\\r\\n\\r\\n\")
+print(s.recv(100).split(b\"\\r\\n\")[0].decode(), flush=True)
+s.sendall(b\"GET /index.html HTTP/1.1\\r\\n\")
+time.sleep(600)'";
+    let setup = format!("rm -f /run/tmp/net.log; {SERVER}");
+    let r = mvm_with(
+        &Options {
+            setup: Some(&setup),
+            after: Some("cat /run/tmp/net.log"),
+            ..Options::default()
+        },
+        &[
+            "run",
+            "--image",
+            "default",
+            "--no-workspace",
+            "--timeout",
+            "15",
+            "--net-log",
+            "/run/tmp/net.log",
+            "--allow",
+            "web.test:8080",
+            "--allow",
+            "127.0.0.1:8080",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert_eq!(r.code, Some(124), "the timeout's status: {}", r.stderr);
+    assert_eq!(
+        r.stdout, "HTTP/1.1 200 Connection established\n",
+        "{}",
+        r.stderr
+    );
+    let log: Vec<serde_json::Value> = r
+        .after_lines()
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0]["method"], "CONNECT");
+    assert_eq!(
+        log[0]["reason"], "still open when the run ended: cut",
+        "{log:?}"
+    );
+    assert_eq!(log[0]["bytes_up"], 26, "{log:?}");
+}

@@ -70,6 +70,10 @@ pub struct Egress {
 /// tens of milliseconds; natively a few).
 const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long `finish` waits for the proxy to log what was open and exit
+/// (it gives its connections 2 s itself; cutting them takes milliseconds).
+const FINISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The proxy's arguments, apart from the binary.
 pub fn arguments(req: &Request) -> Vec<String> {
     let mut args = vec![
@@ -172,6 +176,10 @@ pub struct Counts {
     pub errors: u64,
     pub denied_hosts: Vec<String>,
     pub denied_hosts_more: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// The proxy's peak resident memory, KiB.
+    pub peak_rss_kib: u64,
 }
 
 /// Parses the proxy's summary (one JSON object).
@@ -192,6 +200,9 @@ pub fn parse_summary(text: &str) -> Option<Counts> {
             })
             .unwrap_or_default(),
         denied_hosts_more: n("denied_hosts_more"),
+        bytes_up: n("bytes_up"),
+        bytes_down: n("bytes_down"),
+        peak_rss_kib: n("peak_rss_kib"),
     })
 }
 
@@ -244,6 +255,28 @@ impl Egress {
         self.pump.take()
     }
 
+    /// The run is over: SIGTERM, upon which the proxy cuts each connection
+    /// still open, logs it with its bytes, and exits; waited for at most
+    /// `FINISH_TIMEOUT` (Drop kills it anyway). After this the log and
+    /// the counts are complete.
+    pub fn finish(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        // SAFETY: signals the process group this process created
+        // (allowed by the vmm thread's filter: `allow_ending_groups`).
+        unsafe {
+            libc::kill(-self.process_group(), libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + FINISH_TIMEOUT;
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// The counts so far (the proxy rewrites them after each connection).
     pub fn counts(&self) -> Option<Counts> {
         parse_summary(&std::fs::read_to_string(&self.summary).ok()?)
@@ -293,10 +326,11 @@ mod tests {
     #[test]
     fn summaries_parse() {
         let c = parse_summary(
-            r#"{"requests":3,"allowed":1,"denied":2,"errors":0,"denied_hosts":["a.test:443","b.test:80"],"denied_hosts_more":0,"bytes_up":1,"bytes_down":2,"log_errors":0}"#,
+            r#"{"requests":3,"allowed":1,"denied":2,"errors":0,"denied_hosts":["a.test:443","b.test:80"],"denied_hosts_more":0,"bytes_up":1,"bytes_down":2,"log_errors":0,"peak_rss_kib":5300}"#,
         )
         .unwrap();
         assert_eq!((c.requests, c.allowed, c.denied), (3, 1, 2));
+        assert_eq!((c.bytes_up, c.bytes_down, c.peak_rss_kib), (1, 2, 5300));
         assert_eq!(c.denied_hosts, ["a.test:443", "b.test:80"]);
         assert!(parse_summary("not json").is_none());
     }

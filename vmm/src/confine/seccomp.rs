@@ -74,6 +74,10 @@ pub fn set_enabled(on: bool) {
 /// filters are built (before confinement).
 static HELPER_GROUPS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
 
+/// The helpers (mvm-egress) the vmm thread may also ask to finish, with
+/// `kill(-group, SIGTERM)`: the proxy then logs what is still open.
+static ENDING_GROUPS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
 /// This run saves a snapshot: the vcpu and vmm filters get the calls that
 /// takes (`snapshot_calls.rs`). Set before confinement.
 static SNAPSHOTS: AtomicBool = AtomicBool::new(false);
@@ -94,6 +98,12 @@ pub fn allow_guest_connections() {
 
 pub fn allow_killing_groups(groups: &[libc::pid_t]) {
     if let Ok(mut g) = HELPER_GROUPS.lock() {
+        g.extend_from_slice(groups);
+    }
+}
+
+pub fn allow_ending_groups(groups: &[libc::pid_t]) {
+    if let Ok(mut g) = ENDING_GROUPS.lock() {
         g.extend_from_slice(groups);
     }
 }
@@ -220,15 +230,18 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
         // Kicking a vCPU thread out of KVM_RUN (pause, stop): only this
         // process's threads, only with the kick signal.
         rules.insert(libc::SYS_tgkill, vec![own_kick().map_err(build)?]);
-        // Ending the helpers: SIGKILL to their process groups, nothing
-        // else (not -1, not another process of the user's).
-        let groups = HELPER_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
-        if !groups.is_empty() {
-            let kills = groups
-                .iter()
-                .map(|&g| kill_group(g))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(build)?;
+        // Ending the helpers: SIGKILL to their process groups, SIGTERM to
+        // those that finish on it, nothing else (not -1, not another
+        // process of the user's).
+        let kill = HELPER_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
+        let term = ENDING_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
+        let kills = kill
+            .iter()
+            .map(|&g| kill_group(g, libc::SIGKILL))
+            .chain(term.iter().map(|&g| kill_group(g, libc::SIGTERM)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(build)?;
+        if !kills.is_empty() {
             rules.insert(libc::SYS_kill, kills);
         }
     }
@@ -285,7 +298,10 @@ pub fn vcpu_kick_signal() -> i32 {
 }
 
 /// `kill(-group, SIGKILL)`.
-fn kill_group(group: libc::pid_t) -> Result<SeccompRule, seccompiler::BackendError> {
+fn kill_group(
+    group: libc::pid_t,
+    signal: libc::c_int,
+) -> Result<SeccompRule, seccompiler::BackendError> {
     SeccompRule::new(vec![
         SeccompCondition::new(
             0,
@@ -293,12 +309,7 @@ fn kill_group(group: libc::pid_t) -> Result<SeccompRule, seccompiler::BackendErr
             SeccompCmpOp::Eq,
             u64::from((-group) as u32),
         )?,
-        SeccompCondition::new(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            libc::SIGKILL as u64,
-        )?,
+        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, signal as u64)?,
     ])
 }
 

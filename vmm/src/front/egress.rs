@@ -25,7 +25,9 @@ pub struct EgressArgs {
     /// Refuse PATTERN even where --allow matches (repeatable; deny wins)
     #[arg(long = "deny", value_name = "PATTERN")]
     pub deny: Vec<String>,
-    /// The same rules from a JSON file: {"allow": [...], "deny": [...]}
+    /// The same rules from a file: TOML (allow = [...], deny = [...]) or
+    /// JSON ({"allow": [...], "deny": [...]}), told apart by a .toml or
+    /// .json name, else by a leading {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
     /// Write the proxy's audit log (JSON Lines, one per connection) to FILE
@@ -125,9 +127,16 @@ impl EgressArgs {
             return;
         };
         if print_stats {
+            let mib = |n: u64| n as f64 / 1048576.0;
             eprintln!(
-                "mvm: network: {} requests, {} allowed, {} denied, {} failed",
-                c.requests, c.allowed, c.denied, c.errors
+                "mvm: network: {} requests, {} allowed, {} denied, {} failed; {:.1} MiB up, {:.1} MiB down; proxy peak memory {:.1} MiB",
+                c.requests,
+                c.allowed,
+                c.denied,
+                c.errors,
+                mib(c.bytes_up),
+                mib(c.bytes_down),
+                mib(c.peak_rss_kib << 10)
             );
         }
         if c.denied > 0 {

@@ -329,6 +329,9 @@ fn run_in_vm(
             .chain(egress.as_ref().map(|(e, _)| e.process_group()))
             .collect::<Vec<_>>(),
     );
+    if let Some((proxy, _)) = &egress {
+        crate::confine::seccomp::allow_ending_groups(&[proxy.process_group()]);
+    }
     let base_dir = dir.path().parent().unwrap_or(dir.path()).to_path_buf();
     if creating.is_some() {
         crate::confine::seccomp::allow_snapshots();
@@ -387,7 +390,9 @@ fn run_in_vm(
         &ended,
         result.as_ref().ok().map(|(_, at)| *at),
     );
-    if let Some((proxy, _)) = &egress {
+    if let Some((proxy, _)) = egress.as_mut() {
+        // The VM is gone: what it left open is cut and logged first.
+        proxy.finish();
         args.egress.report(proxy, vm.print_stats);
     }
 

@@ -52,10 +52,22 @@ fn the_vmm_thread_may_kill_only_the_helpers_groups_and_sessions_make_only_unix_s
         libc::WIFEXITED(allowed) && libc::WEXITSTATUS(allowed) == 1,
         "{allowed:#x}"
     );
+    // A helper that finishes on SIGTERM (mvm-egress): that one signal too.
+    const ENDING: libc::pid_t = 9_999_998;
+    allow_ending_groups(&[ENDING]);
+    let allowed = under_filter(ThreadKind::Vmm, || unsafe {
+        (libc::kill(-ENDING, libc::SIGTERM) == -1) as i32
+    });
+    assert!(
+        libc::WIFEXITED(allowed) && libc::WEXITSTATUS(allowed) == 1,
+        "{allowed:#x}"
+    );
     for (target, sig) in [
         (-1, libc::SIGKILL),
         (1, libc::SIGKILL),
         (-HELPER, libc::SIGTERM),
+        (-ENDING, libc::SIGINT),
+        (ENDING, libc::SIGTERM),
     ] {
         let status = under_filter(ThreadKind::Vmm, || unsafe { libc::kill(target, sig) });
         assert!(
