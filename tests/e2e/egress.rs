@@ -153,7 +153,20 @@ fn around_the_proxy_there_is_still_no_way_out() {
         &["web.test:8080", "127.0.0.1:8080"],
         None,
         "curl -sS --noproxy '*' --connect-timeout 5 http://10.0.2.2:8080/ 2>&1 | head -n 1; \
-         curl -sS http://web.test:8080/index.html",
+         curl -sS http://web.test:8080/index.html; \
+         python3 -c 'import socket, time
+t = time.monotonic()
+for what, probe in [
+    (\"dns\", lambda: socket.getaddrinfo(\"web.test\", 80)),
+    (\"udp\", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b\"x\", (\"10.0.2.3\", 53))),
+]:
+    try:
+        probe()
+        print(what, \"got through\")
+    except OSError as e:
+        print(what, e)
+print(\"seconds\", round(time.monotonic() - t, 1))'; \
+         git clone -q ssh://git@web.test/x.git /tmp/x 2>&1 | head -n 1",
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let out: Vec<&str> = r.stdout.lines().collect();
@@ -163,6 +176,21 @@ fn around_the_proxy_there_is_still_no_way_out() {
         r.stdout
     );
     assert_eq!(out[1], "hello-from-the-host", "control: {}", r.stdout);
+    // What does not use the proxy fails at once, with its own error: a
+    // name lookup in the guest (no resolver), UDP (no route), git over
+    // ssh (no ssh, and no way for it either: docs/network.md).
+    assert!(
+        out[2].starts_with("dns ") && !out[2].contains("got through"),
+        "{}",
+        r.stdout
+    );
+    assert!(out[3].contains("Network is unreachable"), "{}", r.stdout);
+    let seconds: f64 = out[4]
+        .strip_prefix("seconds ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(seconds < 5.0, "failed slowly: {}", r.stdout);
+    assert!(out[5].contains("ssh"), "{}", r.stdout);
 }
 
 #[test]
