@@ -42,6 +42,14 @@ pub struct Record {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub duration_ms: u64,
+    /// A connection (its CONNECT line) or request (its own line) to a
+    /// host a secret is bound to, relayed by the proxy itself.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub intercepted: bool,
+    /// Which secret went into which header (`TOKEN in authorization`),
+    /// never a value.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize)]

@@ -10,9 +10,12 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
+use crate::intercept::Intercept;
 use crate::limits::{parse_duration, parse_size, Limits};
 use crate::policy::Policy;
 use crate::resolve::{self, Resolver};
+use crate::secrets::Secrets;
+use crate::tls::Tls;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -97,6 +100,26 @@ pub struct Args {
     /// Time for a DNS answer (then 502).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub dns_timeout: std::time::Duration,
+    /// Secrets to swap in for their placeholders (docs/network.md,
+    /// "Secrets"): a JSON array [{"name", "placeholder", "value",
+    /// "hosts": ["host:port", ...]}] on an inherited fd (a pipe: what mvm
+    /// uses, so that no value is ever in a file or on a command line).
+    #[arg(long, value_name = "FD")]
+    pub secrets_fd: Option<RawFd>,
+    /// The same from a file (for tests and by hand).
+    #[arg(long, value_name = "PATH", conflicts_with = "secrets_fd")]
+    pub secrets_file: Option<PathBuf>,
+    /// Extra trusted roots (PEM) for the real servers of intercepted
+    /// hosts, besides the host's CA bundle. Repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Vec<PathBuf>,
+    /// Where to write the run's CA certificate (PEM; public: the guest
+    /// trusts it); its key never leaves the proxy.
+    #[arg(long, value_name = "PATH", conflicts_with = "ca_cert_fd")]
+    pub ca_cert: Option<PathBuf>,
+    /// The same as an inherited fd (a regular file, for writing).
+    #[arg(long, value_name = "FD")]
+    pub ca_cert_fd: Option<RawFd>,
     /// Run without Landlock (for kernels without it).
     #[arg(long)]
     pub no_landlock: bool,
@@ -117,6 +140,7 @@ pub struct Setup {
     pub listener: UnixListener,
     pub log: File,
     pub summary: Option<File>,
+    pub intercept: Option<Intercept>,
 }
 
 pub fn setup(args: &Args) -> Result<Setup, String> {
@@ -164,6 +188,7 @@ pub fn setup(args: &Args) -> Result<Setup, String> {
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("cannot use the listening socket: {e}"))?;
+    let intercept = intercept(args)?;
     Ok(Setup {
         policy,
         resolver,
@@ -171,7 +196,46 @@ pub fn setup(args: &Args) -> Result<Setup, String> {
         listener,
         log,
         summary,
+        intercept,
     })
+}
+
+/// The secrets, the run's CA and the TLS configurations, when any secret
+/// is given; the CA's certificate is written out for mvm to give the guest.
+fn intercept(args: &Args) -> Result<Option<Intercept>, String> {
+    let secrets = match (&args.secrets_file, args.secrets_fd) {
+        (Some(p), _) => Secrets::from_json(
+            &std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?,
+        )?,
+        (None, Some(fd)) => {
+            let file = inherited(fd, "--secrets-fd")?;
+            Secrets::from_fd(std::os::fd::IntoRawFd::into_raw_fd(file))?
+        }
+        (None, None) => return Ok(None),
+    };
+    if secrets.is_empty() {
+        return Ok(None);
+    }
+    let mut hosts: Vec<String> = secrets
+        .hosts()
+        .iter()
+        .map(|t| {
+            t.rsplit_once(':')
+                .map_or(t.as_str(), |(h, _)| h)
+                .to_string()
+        })
+        .collect();
+    hosts.dedup();
+    let tls = Tls::new(&hosts, &args.upstream_ca)?;
+    let mut out = match (&args.ca_cert, args.ca_cert_fd) {
+        (Some(p), _) => open_for_writing(p, false)
+            .map_err(|e| format!("cannot write the CA certificate {}: {e}", p.display()))?,
+        (None, Some(fd)) => inherited(fd, "--ca-cert-fd")?,
+        (None, None) => return Err("secrets need --ca-cert PATH or --ca-cert-fd FD".into()),
+    };
+    std::io::Write::write_all(&mut out, tls.ca_pem.as_bytes())
+        .map_err(|e| format!("cannot write the CA certificate: {e}"))?;
+    Ok(Some(Intercept { secrets, tls }))
 }
 
 fn resolver(args: &Args) -> Result<Resolver, String> {

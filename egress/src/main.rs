@@ -57,6 +57,7 @@ fn run(args: &cli::Args) -> Result<(), String> {
         setup.resolver,
         setup.limits,
         audit,
+        setup.intercept,
     ));
     runtime.block_on(async {
         let listener = tokio::net::UnixListener::from_std(setup.listener)

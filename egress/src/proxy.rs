@@ -10,24 +10,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::{timeout, Instant};
 
 use crate::audit::{self, Audit, Record};
-use crate::limits::{Bucket, Limits, COPY_BUFFER};
+use crate::intercept::{self, Intercept, Upstream};
+use crate::limits::{Bucket, Limits};
 use crate::policy::{self, Denial, Policy};
 use crate::request::{self, Host, Request};
 use crate::resolve::Resolver;
 use crate::response;
+use crate::tunnel::End;
 
 pub struct Proxy {
     pub policy: Policy,
     pub resolver: Resolver,
     pub limits: Limits,
-    pub audit: Audit,
-    used: AtomicU64,
+    pub audit: Arc<Audit>,
+    /// Secrets and the TLS to swap them in, when the run has any.
+    pub intercept: Option<Arc<Intercept>>,
+    pub(crate) used: Arc<AtomicU64>,
     seq: AtomicU64,
     /// Set once by `end` (mvm's SIGTERM when the run is over).
     ending: watch::Sender<bool>,
@@ -60,27 +64,28 @@ fn error(status: u16, rule: &str, message: String) -> Refusal {
     }
 }
 
-/// How a copy stopped before both ends closed.
-enum End {
-    Io,
-    Idle,
-    Budget,
-    /// `Proxy::end`: the run is over.
-    RunOver,
-}
+/// The reason logged for a connection cut by the run's end.
+pub(crate) const RUN_OVER: &str = "still open when the run ended: cut";
 
 /// How long `serve` waits, after `end`, for open connections to be cut
 /// and logged (each is cut at once; this only bounds a stuck write).
 const END_GRACE: Duration = Duration::from_secs(2);
 
 impl Proxy {
-    pub fn new(policy: Policy, resolver: Resolver, limits: Limits, audit: Audit) -> Proxy {
+    pub fn new(
+        policy: Policy,
+        resolver: Resolver,
+        limits: Limits,
+        audit: Audit,
+        intercept: Option<Intercept>,
+    ) -> Proxy {
         Proxy {
             policy,
             resolver,
             limits,
-            audit,
-            used: AtomicU64::new(0),
+            audit: Arc::new(audit),
+            intercept: intercept.map(Arc::new),
+            used: Arc::new(AtomicU64::new(0)),
             seq: AtomicU64::new(0),
             ending: watch::channel(false).0,
         }
@@ -93,7 +98,7 @@ impl Proxy {
     }
 
     /// Resolves once `end` was called.
-    async fn ended(&self) {
+    pub(crate) async fn ended(&self) {
         let mut rx = self.ending.subscribe();
         let _ = rx.wait_for(|&e| e).await;
     }
@@ -162,23 +167,36 @@ impl Proxy {
             decision: "allowed",
             ..Default::default()
         };
-        if let Err(r) = self.exchange(&mut client, &mut rec).await {
-            if r.status != 0 {
-                let answer = response::refusal(r.status, &r.message);
-                // A client that does not read cannot hold the task.
-                let _ = timeout(Duration::from_secs(5), client.write_all(&answer)).await;
-                let _ = timeout(Duration::from_secs(1), client.shutdown()).await;
-                rec.status = Some(r.status);
+        match self.exchange(&mut client, &mut rec).await {
+            Ok(None) => {}
+            Ok(Some((upstream, leftover))) => {
+                self.intercepted(client, upstream, leftover, &mut rec).await;
             }
-            rec.decision = r.decision;
-            rec.rule = r.rule;
-            rec.reason = Some(r.message);
+            Err(r) => {
+                if r.status != 0 {
+                    let answer = response::refusal(r.status, &r.message);
+                    // A client that does not read cannot hold the task.
+                    let _ = timeout(Duration::from_secs(5), client.write_all(&answer)).await;
+                    let _ = timeout(Duration::from_secs(1), client.shutdown()).await;
+                    rec.status = Some(r.status);
+                }
+                rec.decision = r.decision;
+                rec.rule = r.rule;
+                rec.reason = Some(r.message);
+            }
         }
         rec.duration_ms = start.elapsed().as_millis() as u64;
         self.audit.record(&rec);
     }
 
-    async fn exchange(&self, client: &mut UnixStream, rec: &mut Record) -> Result<(), Refusal> {
+    /// Reads, checks and carries out one request. A CONNECT to a host a
+    /// secret is bound to ends here with the verified upstream (and any
+    /// bytes the client sent early), for `intercepted`.
+    async fn exchange(
+        &self,
+        client: &mut UnixStream,
+        rec: &mut Record,
+    ) -> Result<Option<(Upstream, Vec<u8>)>, Refusal> {
         let (req, leftover) = self.until_end(self.read_head(client)).await?;
         let (host, port) = req.host_port();
         let host = host.clone();
@@ -197,6 +215,35 @@ impl Proxy {
             .until_end(self.connect(&host, port, &candidates))
             .await?;
         rec.address = Some(addr.ip().to_string());
+        let target = policy::target(&host.text(), port);
+        if let (Request::Connect { .. }, Some(i)) = (&req, &self.intercept) {
+            if i.secrets.bound(&target) {
+                // The real server is verified before the guest hears 200:
+                // one that does not verify is a 502 with the reason.
+                let name = host.text();
+                let verified = intercept::verify_upstream(
+                    i,
+                    upstream,
+                    &name,
+                    port,
+                    self.limits.connect_timeout,
+                );
+                let up = self
+                    .until_end(async {
+                        verified
+                            .await
+                            .map_err(|m| error(502, "upstream certificate", m))
+                    })
+                    .await?;
+                client
+                    .write_all(response::ESTABLISHED)
+                    .await
+                    .map_err(|_| error(0, "client went away", "client went away".into()))?;
+                rec.status = Some(200);
+                rec.intercepted = true;
+                return Ok(Some((up, leftover)));
+            }
+        }
         let forward = match &req {
             Request::Connect { .. } => {
                 client
@@ -231,7 +278,15 @@ impl Proxy {
         rec.bytes_up += up;
         rec.bytes_down += down;
         match end {
-            None | Some(End::Io) => Ok(()),
+            None | Some(End::Io) => Ok(None),
+            Some(End::Leak(name)) => Err(Refusal {
+                status: 0,
+                decision: "denied",
+                rule: "placeholder leak".into(),
+                message: format!(
+                    "the placeholder of secret {name} was sent through the tunnel to {target}, which it is not bound to: the connection was cut before it left"
+                ),
+            }),
             Some(End::Idle) if forward && down == 0 => Err(error(
                 504,
                 "upstream timeout",
@@ -243,17 +298,23 @@ impl Proxy {
             )),
             Some(End::Idle) => {
                 rec.reason = Some(format!("idle for {:?}: closed", self.limits.idle_timeout));
-                Ok(())
+                Ok(None)
             }
             Some(End::Budget) => {
                 rec.reason = Some(self.budget_refusal().message);
-                Ok(())
+                Ok(None)
             }
             Some(End::RunOver) => {
-                rec.reason = Some("still open when the run ended: cut".into());
-                Ok(())
+                rec.reason = Some(RUN_OVER.into());
+                Ok(None)
             }
         }
+    }
+
+    /// The secret whose placeholder is in `bytes`, if any.
+    fn leak_in(&self, bytes: &[u8]) -> Option<String> {
+        let i = self.intercept.as_ref()?;
+        i.secrets.leaked_in(bytes).map(str::to_string)
     }
 
     fn budget_refusal(&self) -> Refusal {
@@ -268,7 +329,7 @@ impl Proxy {
         }
     }
 
-    fn spend(&self, n: u64) -> Result<(), ()> {
+    pub(crate) fn spend(&self, n: u64) -> Result<(), ()> {
         let before = self.used.fetch_add(n, Ordering::Relaxed);
         if before + n > self.limits.max_bytes {
             Err(())
@@ -331,7 +392,19 @@ impl Proxy {
                 }
                 match request::parse(&buf) {
                     Ok(None) => {}
-                    Ok(Some((req, len))) => return Ok((req, buf[len..].to_vec())),
+                    Ok(Some((req, len))) => {
+                        if let Some(name) = self.leak_in(&buf) {
+                            return Err(Refusal {
+                                status: 403,
+                                decision: "denied",
+                                rule: "placeholder leak".into(),
+                                message: format!(
+                                    "the placeholder of secret {name} was sent in a request the proxy does not intercept (plain HTTP, or a CONNECT line); it is replaced only in the headers of HTTPS requests to the hosts it is bound to"
+                                ),
+                            });
+                        }
+                        return Ok((req, buf[len..].to_vec()));
+                    }
                     Err(bad) => return Err(error(bad.status, "bad request", bad.message)),
                 }
             }
@@ -434,86 +507,5 @@ impl Proxy {
             }
         }
         Err(error(502, "connect failed", last))
-    }
-
-    /// Copies both ways until done: a tunnel until both sides closed, a
-    /// forwarded request until the server's side closed (one request per
-    /// connection); or until idle too long, or the run's bytes are spent.
-    async fn pump(
-        &self,
-        client: &mut UnixStream,
-        upstream: &mut TcpStream,
-        forward: bool,
-    ) -> (u64, u64, Option<End>) {
-        let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
-        let base = Instant::now();
-        let last = AtomicU64::new(0);
-        let (mut cr, mut cw) = client.split();
-        let (mut ur, mut uw) = upstream.split();
-        let to_server = copy(&mut cr, &mut uw, &up, &last, base, self);
-        let to_client = copy(&mut ur, &mut cw, &down, &last, base, self);
-        let work = async {
-            if forward {
-                tokio::pin!(to_server);
-                tokio::pin!(to_client);
-                let mut client_done = false;
-                loop {
-                    tokio::select! {
-                        r = &mut to_client => return r,
-                        r = &mut to_server, if !client_done => {
-                            r?;
-                            client_done = true;
-                        }
-                    }
-                }
-            } else {
-                tokio::try_join!(to_server, to_client).map(|_| ())
-            }
-        };
-        let idle = self.limits.idle_timeout;
-        let watchdog = async {
-            loop {
-                let quiet = base
-                    .elapsed()
-                    .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
-                if quiet >= idle {
-                    return End::Idle;
-                }
-                tokio::time::sleep(idle - quiet).await;
-            }
-        };
-        let end = tokio::select! {
-            r = work => r.err(),
-            e = watchdog => Some(e),
-            () = self.ended() => Some(End::RunOver),
-        };
-        (up.into_inner(), down.into_inner(), end)
-    }
-}
-
-async fn copy<R, W>(
-    r: &mut R,
-    w: &mut W,
-    count: &AtomicU64,
-    last: &AtomicU64,
-    base: Instant,
-    proxy: &Proxy,
-) -> Result<(), End>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; COPY_BUFFER];
-    loop {
-        let n = r.read(&mut buf).await.map_err(|_| End::Io)?;
-        if n == 0 {
-            // Half-close: the other side sees the end, and may still answer.
-            let _ = w.shutdown().await;
-            return Ok(());
-        }
-        proxy.spend(n as u64).map_err(|_| End::Budget)?;
-        w.write_all(&buf[..n]).await.map_err(|_| End::Io)?;
-        count.fetch_add(n as u64, Ordering::Relaxed);
-        last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 }
