@@ -32,7 +32,20 @@ pub struct Setup {
     /// the guest kernel's pool, which is then reseeded, so that machines
     /// restored from one template do not share their random numbers.
     pub entropy: String,
+    /// Certificates (PEM) the run's programs must trust besides the
+    /// image's: the egress proxy's per-run CA, when a secret is bound
+    /// (docs/network.md, "Secrets"). guest-init adds them to the root's
+    /// CA bundle and writes them alone to [`RUN_CA_PATH`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<String>,
 }
+
+/// The system CA bundle (Debian's path, which curl, git, Python and
+/// OpenSSL read by default), to which a setup's `trust` is appended.
+pub const CA_BUNDLE_PATH: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// A setup's `trust` alone (for `NODE_EXTRA_CA_CERTS`, which adds to
+/// Node's own roots).
+pub const RUN_CA_PATH: &str = "/etc/ssl/certs/mvm-run-ca.pem";
 
 /// Why a setup cannot be applied as sent.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +81,7 @@ impl Setup {
             mounts: mounts.iter().map(|m| value(m.to_param())).collect(),
             wall_clock_ns,
             entropy: crate::boot::encode_hex(entropy),
+            trust: None,
         }
     }
 

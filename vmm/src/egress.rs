@@ -25,6 +25,13 @@ use crate::helper_log::{self, LogPump};
 const LISTEN_FD: RawFd = 3;
 const LOG_FD: RawFd = 4;
 const SUMMARY_FD: RawFd = 5;
+/// With secrets: the read end of a pipe holding them (docs/network.md,
+/// "Secrets"), and the file the proxy writes its per-run CA to.
+const SECRETS_FD: RawFd = 6;
+const CA_CERT_FD: RawFd = 7;
+/// The most secret bytes (JSON) handed over: they are written into the
+/// pipe before the proxy starts, so they must fit its buffer.
+pub const MAX_SECRETS_BYTES: usize = 48 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -57,6 +64,15 @@ pub struct Request<'a> {
     pub policy: Option<&'a Path>,
     /// Extra limit options, passed as they are (`--max-connections=N`...).
     pub limits: &'a [String],
+    /// The secrets as mvm-egress reads them (a JSON array), if any, with
+    /// the file for the run's CA and extra roots for the real servers.
+    pub secrets: Option<Secrets<'a>>,
+}
+
+pub struct Secrets<'a> {
+    pub json: &'a str,
+    pub ca_cert: &'a Path,
+    pub upstream_ca: &'a [PathBuf],
 }
 
 pub struct Egress {
@@ -88,7 +104,36 @@ pub fn arguments(req: &Request) -> Vec<String> {
         args.push(format!("--policy={}", policy.display()));
     }
     args.extend(req.limits.iter().cloned());
+    if let Some(s) = &req.secrets {
+        args.push(format!("--secrets-fd={SECRETS_FD}"));
+        args.push(format!("--ca-cert-fd={CA_CERT_FD}"));
+        args.extend(
+            s.upstream_ca
+                .iter()
+                .map(|p| format!("--upstream-ca={}", p.display())),
+        );
+    }
     args
+}
+
+/// A pipe holding `bytes`, its write end closed: the read end.
+fn pipe_holding(bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created and are owned here.
+    let (read, write) = unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            File::from_raw_fd(fds[1]),
+        )
+    };
+    let mut write = write;
+    io::Write::write_all(&mut write, bytes)?;
+    Ok(read)
 }
 
 pub fn spawn(req: &Request) -> Result<Egress, Error> {
@@ -111,11 +156,29 @@ pub fn spawn(req: &Request) -> Result<Egress, Error> {
         .map_err(files)?;
     let stderr_file = File::create(req.stderr_log).map_err(files)?;
     let (stderr, pump) = helper_log::pipe(stderr_file).map_err(files)?;
-    let fds = [
+    let secrets = match &req.secrets {
+        Some(s) => {
+            let pipe = pipe_holding(s.json.as_bytes()).map_err(files)?;
+            let ca = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o644)
+                .open(s.ca_cert)
+                .map_err(files)?;
+            Some((pipe, ca))
+        }
+        None => None,
+    };
+    let mut fds = vec![
         (listener.as_raw_fd(), LISTEN_FD),
         (log.as_raw_fd(), LOG_FD),
         (summary.as_raw_fd(), SUMMARY_FD),
     ];
+    if let Some((pipe, ca)) = &secrets {
+        fds.push((pipe.as_raw_fd(), SECRETS_FD));
+        fds.push((ca.as_raw_fd(), CA_CERT_FD));
+    }
     let mut command = Command::new(req.binary);
     command
         .args(arguments(req))
@@ -133,7 +196,7 @@ pub fn spawn(req: &Request) -> Result<Egress, Error> {
         .spawn()
         .map_err(|e| Error::Spawn(req.binary.display().to_string(), e))?;
     // The proxy has its copies.
-    drop((listener, log, summary));
+    drop((listener, log, summary, secrets));
     Ok(Egress {
         child,
         summary: req.summary.to_owned(),
@@ -142,9 +205,9 @@ pub fn spawn(req: &Request) -> Result<Egress, Error> {
     })
 }
 
-/// In the child, before exec: the three fds at their numbers
-/// (inheritable), a process group of its own, death with the parent.
-fn child_setup(fds: &[(RawFd, RawFd); 3], parent: libc::pid_t) -> io::Result<()> {
+/// In the child, before exec: the fds at their numbers (inheritable), a
+/// process group of its own, death with the parent.
+fn child_setup(fds: &[(RawFd, RawFd)], parent: libc::pid_t) -> io::Result<()> {
     let check = |ret: libc::c_int| {
         if ret < 0 {
             Err(io::Error::last_os_error())
@@ -155,8 +218,8 @@ fn child_setup(fds: &[(RawFd, RawFd); 3], parent: libc::pid_t) -> io::Result<()>
     // SAFETY: plain syscalls on fds and ids this process owns. The fds are
     // first moved above the targets, so no dup2 overwrites a source.
     unsafe {
-        let mut high = [0; 3];
-        for (i, (from, _)) in fds.iter().enumerate() {
+        let mut high = [0; 8];
+        for (i, (from, _)) in fds.iter().enumerate().take(high.len()) {
             high[i] = libc::fcntl(*from, libc::F_DUPFD_CLOEXEC, 10);
             check(high[i])?;
         }
@@ -306,6 +369,7 @@ mod tests {
             deny: &["bad.example.org".into()],
             policy: Some(Path::new("/etc/policy.json")),
             limits: &["--max-connections=8".into()],
+            secrets: None,
         });
         assert_eq!(
             args,

@@ -38,6 +38,8 @@ pub enum SetupError {
     FlushDisk(io::Error),
     #[error("{0}")]
     Mount(#[from] Error),
+    #[error("cannot add the run's CA to {0}: {1}")]
+    Trust(&'static str, io::Error),
 }
 
 /// Applies `setup`; afterwards the root and the shares are where the
@@ -66,12 +68,39 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         // Before the shares, which may lie inside it: /root keeps its mode.
         mounts::ensure_dir(c"/root", 0o700)?;
     }
+    if let Some(pem) = &setup.trust {
+        trust(pem)?;
+    }
     if let Err(err) = shares::mount_all(&shares) {
         // The documented line of its own (docs/protocol.md).
         say!("{err}");
         return Err(err.into());
     }
     Ok(())
+}
+
+/// The run's CA: appended to the root's bundle (a copy on the overlay;
+/// the image's own file is untouched) and alone in `RUN_CA_PATH`, both
+/// world-readable (they are certificates; the key is the host proxy's).
+fn trust(pem: &str) -> Result<(), SetupError> {
+    use mvm_protocol::{CA_BUNDLE_PATH, RUN_CA_PATH};
+    use std::os::unix::fs::PermissionsExt;
+    let write = |path: &'static str, text: &[u8]| {
+        std::fs::create_dir_all("/etc/ssl/certs")
+            .and_then(|()| std::fs::write(path, text))
+            .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)))
+            .map_err(|e| SetupError::Trust(path, e))
+    };
+    let mut bundle = std::fs::read(CA_BUNDLE_PATH).unwrap_or_default();
+    if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+        bundle.push(b'\n');
+    }
+    bundle.extend_from_slice(pem.as_bytes());
+    // A bundle that is a link (to the image's file) is replaced, not
+    // written through.
+    let _ = std::fs::remove_file(CA_BUNDLE_PATH);
+    write(CA_BUNDLE_PATH, &bundle)?;
+    write(RUN_CA_PATH, pem.as_bytes())
 }
 
 fn set_clock(ns: u64) -> io::Result<()> {

@@ -2,8 +2,13 @@
 root (Debian's python3, git and openssl) on the test host's 127.0.0.1:
 
   8443  HTTPS with a test CA made here by openssl: static files (/index.html,
-        a PEP 503 package index under /simple/ with one wheel) and a git
-        smart-HTTP server (/git/, git http-backend run as CGI);
+        a PEP 503 package index under /simple/ with one wheel), a git
+        smart-HTTP server (/git/, git http-backend run as CGI), and /echo,
+        which appends each request it gets (line, headers, body) to
+        DIR/requests.log and answers only the SHA-256 of its Authorization
+        header (so that a secret's value reaches the server, and the log,
+        but never comes back to the guest);
+  8080  the same handler over plain HTTP;
   9000  a plain TCP sink: reads to EOF, answers the byte count, closes.
 
     python3 server.py DIR
@@ -26,7 +31,7 @@ import sys
 import threading
 import zipfile
 
-NAMES = ["secure.test", "git.test", "pypi.test"]
+NAMES = ["secure.test", "git.test", "pypi.test", "api.test"]
 WHEEL = "mvmprobe-1.0-py3-none-any.whl"
 
 
@@ -111,14 +116,32 @@ class Handler(http.server.SimpleHTTPRequestHandler):
     def do_GET(self):
         if self.path.startswith("/git/"):
             self.git()
+        elif self.path.startswith("/echo"):
+            self.echo()
         else:
             super().do_GET()
 
     def do_POST(self):
         if self.path.startswith("/git/"):
             self.git()
+        elif self.path.startswith("/echo"):
+            self.echo()
         else:
             self.send_error(405)
+
+    def echo(self):
+        data = self.body()
+        with self.server.log_lock, open(f"{self.server.dir}/requests.log", "ab") as f:
+            f.write(f"{self.command} {self.path} {self.request_version}\n".encode())
+            f.write(str(self.headers).encode())
+            f.write(b"body: " + data + b"\n--\n")
+        auth = (self.headers.get("Authorization") or "").encode()
+        answer = f"ok {hashlib.sha256(auth).hexdigest()}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
 
     def body(self):
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -201,13 +224,18 @@ def main():
         https = HTTPS(("127.0.0.1", 8443),
                       functools.partial(Handler, directory=f"{d}/www"))
         https.socket = ctx.wrap_socket(https.socket, server_side=True)
-        https.dir = d
+        plain = HTTPS(("127.0.0.1", 8080),
+                      functools.partial(Handler, directory=f"{d}/www"))
+        lock = threading.Lock()
+        for server in (https, plain):
+            server.dir, server.log_lock = d, lock
         sink = Sink(("127.0.0.1", 9000), SinkHandler)
     except Exception as e:  # noqa: BLE001 - any failure is the peer's report
         with open(f"{d}/failed", "w") as f:
             f.write(f"{type(e).__name__}: {e}\n")
         raise
     threading.Thread(target=sink.serve_forever, daemon=True).start()
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
     open(f"{d}/ready", "w").close()
     https.serve_forever()
 

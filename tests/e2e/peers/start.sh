@@ -12,8 +12,9 @@
 #
 # /run/tmp/peers (the chroot's /srv) receives the peer's files; the guest
 # gets /run/tmp/peers/pub (the test CA, ca.pem) with --mount. Names:
-# secure.test, git.test, pypi.test and sink.test are 127.0.0.1 in the test
-# host's /etc/hosts, where the host proxy resolves them.
+# secure.test, git.test, pypi.test, api.test, plain.test and sink.test are
+# 127.0.0.1 in the test host's /etc/hosts, where the host proxy resolves
+# them.
 set -eu
 
 root=/run/peer
@@ -30,7 +31,7 @@ mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 mount -o bind "$srv" "$root/srv"
 cp "$here/server.py" "$srv/server.py"
 
-printf '127.0.0.1 secure.test git.test pypi.test sink.test\n' >>/etc/hosts
+printf '127.0.0.1 secure.test git.test pypi.test api.test plain.test sink.test\n' >>/etc/hosts
 
 # The servers run in the background; they say they listen by writing
 # /srv/ready (or /srv/failed with why).

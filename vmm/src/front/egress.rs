@@ -10,7 +10,7 @@ use clap::Args;
 use mvm_devices::virtio::vsock::GuestPort;
 use mvm_protocol::{EGRESS_PROXY_PORT, EGRESS_VSOCK_PORT};
 
-use super::{beside_binary, setup_failure, Failure};
+use super::{beside_binary, secrets, setup_failure, Failure};
 use crate::egress::{self, Egress};
 use crate::session::SessionDir;
 
@@ -43,21 +43,74 @@ pub struct EgressArgs {
     /// (K, M, G suffixes) [default: 8G]
     #[arg(long, value_name = "SIZE")]
     pub net_max_bytes: Option<String>,
+    /// Give the command $NAME as a random placeholder; the host proxy puts
+    /// the real value (mvm's $NAME, or NAME=env:VAR, or NAME=file:PATH)
+    /// into request headers to HOST only, over HTTPS it intercepts with a
+    /// per-run CA the guest trusts. HOST[:PORT] (default 443), several
+    /// separated by commas, each allowed implicitly (repeatable)
+    #[arg(long = "secret", value_name = "NAME[=SOURCE]@HOST")]
+    pub secret: Vec<String>,
+    /// Trust FILE's certificates (PEM), besides the host's CA bundle, for
+    /// the real servers behind --secret hosts (repeatable)
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Vec<PathBuf>,
+}
+
+/// The proxy of a run, its guest port, and what the command gets from it.
+pub(crate) struct Started {
+    pub proxy: Egress,
+    pub port: GuestPort,
+    /// The proxy variables, and each secret's placeholder with the CA
+    /// bundle variables.
+    pub env: Vec<(String, String)>,
+    /// Where the proxy writes its per-run CA (with secrets only).
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl EgressArgs {
     /// Whether the run allows any egress (a policy file might allow
     /// nothing; the proxy then refuses everything, visibly).
     pub fn wanted(&self) -> bool {
-        !self.allow.is_empty() || self.policy.is_some()
+        !self.allow.is_empty() || self.policy.is_some() || !self.secret.is_empty()
     }
 
     /// Starts the proxy in the session directory, if the run wants one.
-    pub(crate) fn start(&self, dir: &SessionDir) -> Result<Option<(Egress, GuestPort)>, Failure> {
+    /// `user_keys`: the variables the user set with --env.
+    pub(crate) fn start(
+        &self,
+        dir: &SessionDir,
+        user_keys: &HashSet<String>,
+    ) -> Result<Option<Started>, Failure> {
         if !self.wanted() {
             return Ok(None);
         }
         let limits = self.limits()?;
+        let env_var = |name: &str| std::env::var(name).ok();
+        let secrets = self
+            .secret
+            .iter()
+            .map(|spec| secrets::parse(spec, &env_var))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(setup_failure)?;
+        if let Some(why) = secrets::conflict(&secrets, user_keys) {
+            return Err(setup_failure(why));
+        }
+        let json = secrets::to_json(&secrets);
+        if json.len() > egress::MAX_SECRETS_BYTES {
+            return Err(setup_failure(format!(
+                "--secret: the secrets come to {} bytes, more than the {} the proxy takes",
+                json.len(),
+                egress::MAX_SECRETS_BYTES
+            )));
+        }
+        for path in &self.upstream_ca {
+            std::fs::metadata(path)
+                .map_err(|e| setup_failure(format!("--upstream-ca {}: {e}", path.display())))?;
+        }
+        // A secret's hosts are allowed by binding it there.
+        let mut allow = self.allow.clone();
+        allow.extend(secrets.iter().flat_map(|b| b.hosts.iter().cloned()));
+        let ca_cert = dir.path().join("egress-ca.pem");
         let binary = std::env::var_os("MVM_EGRESS")
             .map(PathBuf::from)
             .or_else(|| beside_binary("libexec/mvm/mvm-egress"))
@@ -84,19 +137,31 @@ impl EgressArgs {
             summary: &dir.path().join("net-summary.json"),
             stderr_log: &dir.path().join("egress.log"),
             run_id: &run_id,
-            allow: &self.allow,
+            allow: &allow,
             deny: &self.deny,
             policy: self.policy.as_deref(),
             limits: &limits,
+            secrets: (!secrets.is_empty()).then_some(egress::Secrets {
+                json: &json,
+                ca_cert: &ca_cert,
+                upstream_ca: &self.upstream_ca,
+            }),
         })
         .map_err(setup_failure)?;
-        Ok(Some((
+        let mut env = Vec::new();
+        add_proxy_env(&mut env, user_keys);
+        if !secrets.is_empty() {
+            secrets::add_env(&mut env, &secrets, user_keys);
+        }
+        Ok(Some(Started {
             proxy,
-            GuestPort {
+            port: GuestPort {
                 port: EGRESS_VSOCK_PORT,
                 socket,
             },
-        )))
+            env,
+            ca_cert: (!secrets.is_empty()).then_some(ca_cert),
+        }))
     }
 
     /// The limits given, as mvm-egress options, checked here so that a bad

@@ -11,6 +11,7 @@ pub mod image;
 mod request;
 mod root_file;
 pub mod run;
+mod secrets;
 pub mod snapshot_cmd;
 mod stats;
 pub mod template;
