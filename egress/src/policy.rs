@@ -25,6 +25,10 @@ struct File {
     allow: Vec<String>,
     #[serde(default)]
     deny: Vec<String>,
+    /// `--secret` specs: mvm's to read (it reads their values and hands
+    /// them over); only their hosts reach the proxy, as allow rules.
+    #[serde(default, rename = "secret")]
+    _secret: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

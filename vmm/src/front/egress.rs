@@ -86,9 +86,15 @@ impl EgressArgs {
         }
         let limits = self.limits()?;
         let env_var = |name: &str| std::env::var(name).ok();
+        let from_file = self
+            .policy
+            .as_deref()
+            .map(secrets::from_policy_file)
+            .unwrap_or_default();
         let secrets = self
             .secret
             .iter()
+            .chain(&from_file)
             .map(|spec| secrets::parse(spec, &env_var))
             .collect::<Result<Vec<_>, _>>()
             .map_err(setup_failure)?;

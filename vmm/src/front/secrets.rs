@@ -6,6 +6,7 @@
 //! session directory, in the guest, or in an error message.
 
 use std::collections::HashSet;
+use std::path::Path;
 
 use mvm_protocol::{CA_BUNDLE_PATH, RUN_CA_PATH};
 
@@ -122,6 +123,32 @@ fn placeholder() -> Result<String, String> {
         "{PREFIX}{}",
         mvm_protocol::boot::encode_hex(&bytes)
     ))
+}
+
+/// The `secret` list of a `--policy` file (`secret = ["NAME@HOST", ...]`
+/// in TOML, `"secret": [...]` in JSON; told apart as mvm-egress does). A
+/// file that cannot be read or parsed gives none here: the proxy reads
+/// the same file and says what is wrong with it.
+pub fn from_policy_file(path: &Path) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(default)]
+        secret: Vec<String>,
+    }
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let toml = match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => true,
+        Some("json") => false,
+        _ => !text.trim_start().starts_with('{'),
+    };
+    let file: Option<File> = if toml {
+        toml::from_str(&text).ok()
+    } else {
+        serde_json::from_str(&text).ok()
+    };
+    file.map(|f| f.secret).unwrap_or_default()
 }
 
 /// The secrets as mvm-egress reads them on its pipe.
@@ -249,5 +276,25 @@ mod tests {
         assert!(conflict(&[b], &user).unwrap().contains("--env TOKEN"));
         let json = to_json(&[parse("TOKEN@a.test", &env).unwrap()]);
         assert!(json.contains("tok-value") && json.contains("a.test:443"));
+    }
+
+    #[test]
+    fn policy_files_name_secrets_in_toml_or_json() {
+        let dir = std::env::temp_dir().join(format!("mvm-policy-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in [
+            (
+                "p.toml",
+                "allow = [\"x.test\"]\nsecret = [\"TOKEN@a.test\"]\n",
+            ),
+            ("p.json", "{\"secret\": [\"TOKEN@a.test\"]}"),
+            ("policy", "{\"allow\": [], \"secret\": [\"TOKEN@a.test\"]}"),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(from_policy_file(&path), ["TOKEN@a.test"], "{name}");
+        }
+        assert!(from_policy_file(&dir.join("missing.toml")).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
