@@ -119,6 +119,26 @@ impl Check {
         }
     }
 
+    /// For a row whose evidence comes from another row's call (several
+    /// attacks in one VM): that call's mode.
+    pub fn shares(&mut self, run: &Run) {
+        if self.mode.is_none() {
+            self.mode = run.mode().map(str::to_string);
+        }
+    }
+
+    /// Writes the row and returns the verdict instead of asserting it, for
+    /// tests that write several rows and assert once all are written.
+    pub fn record(mut self, verdict: Verdict) -> Result<(), String> {
+        let observed = verdict.observed();
+        self.write_row(verdict.pass(), verdict.skipped, &observed);
+        if verdict.pass() {
+            Ok(())
+        } else {
+            Err(format!("check {} failed: {observed}", self.id))
+        }
+    }
+
     /// For checks that run no VM at all.
     pub fn in_process(&mut self) {
         self.mode = Some("in process: the real host-side code against a fake peer, no VM".into());

@@ -16,6 +16,7 @@
 //! | 1 secrets, 2 writes, 7 `--write` control, 8 unsafe-mount contrast | `files` |
 //! | 3 network and vsock | `network` |
 //! | 3b egress as guest root | `egress` |
+//! | 3c-a to 3c-e secrets as guest root | `secrets` |
 //! | 4 fork bomb, 5 memory bomb, 10 floods, stdin, SIGTERM | `resources` |
 //! | 6 root, capabilities, setuid | `privilege` |
 //! | 9 a separate kernel: identity, panic, reboot | `kernel` |
@@ -29,3 +30,4 @@ mod network;
 mod privilege;
 mod protocol;
 mod resources;
+mod secrets;

@@ -20,47 +20,9 @@ const CONTROL: (&str, &str) = ("mvm-e2e-control-", "value-3f8a2b");
 
 const SETUP: &str = "sh tests/e2e/peers/start.sh && rm -f /run/tmp/net.log";
 
-/// The guest's search: argv holds the two halves of each needle.
-const SCAN: &str = r#"
-import os, sys
-a, b, c, d = (x.encode() for x in sys.argv[1:5])
-def has(data, x, y):
-    i = data.find(x)
-    while i >= 0:
-        if data[i + len(x):i + len(x) + len(y)] == y:
-            return True
-        i = data.find(x, i + 1)
-    return False
-me, found, scanned = os.getpid(), {"real": set(), "control": set()}, 0
-def look(where, data):
-    for name, (x, y) in (("real", (a, b)), ("control", (c, d))):
-        if has(data, x, y):
-            found[name].add(where)
-for f in ("/proc/cmdline", "/tmp/dmesg.txt"):
-    look(f, open(f, "rb").read())
-for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != me):
-    try:
-        look(pid + ":environ", open(f"/proc/{pid}/environ", "rb").read())
-        look(pid + ":cmdline", open(f"/proc/{pid}/cmdline", "rb").read())
-        maps = open(f"/proc/{pid}/maps").read().splitlines()
-        mem = open(f"/proc/{pid}/mem", "rb", 0)
-    except OSError:
-        continue
-    scanned += 1
-    for line in maps:
-        f = line.split()
-        lo, hi = (int(x, 16) for x in f[0].split("-"))
-        if "r" not in f[1] or hi - lo > 1 << 28 or f[-1] in ("[vvar]", "[vsyscall]"):
-            continue
-        try:
-            mem.seek(lo)
-            look(pid + ":mem", mem.read(hi - lo))
-        except (OSError, ValueError, OverflowError):
-            pass
-for k in ("real", "control"):
-    print(f"{k}:", " ".join(sorted(found[k])) or "none")
-print("scanned:", scanned)
-"#;
+/// The guest's search (tests/e2e/peers/scan.py): argv holds the two
+/// halves of each needle.
+const SCAN: &str = include_str!("peers/scan.py");
 
 /// A plain tunnel to the sink carrying the placeholder in clear.
 const TUNNEL: &str = r#"
