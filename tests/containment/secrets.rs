@@ -81,6 +81,19 @@ print("sni:", https("api.test:8443", "other.test", "/echo", auth, verify=False))
 print("sni control:", https("api.test:8443", "api.test", "/echo", auth, verify=False))
 "#;
 
+/// One leak attack of the run: its row, the guest's output keys for it
+/// and its control, and what counts as refused.
+struct Leak {
+    id: &'static str,
+    tried: &'static str,
+    expected: &'static str,
+    key: &'static str,
+    control_key: &'static str,
+    control_what: &'static str,
+    refused: fn(&str) -> bool,
+    rule: &'static str,
+}
+
 fn sha256_hex(text: &str) -> String {
     use std::io::Write;
     let mut child = std::process::Command::new("sha256sum")
@@ -211,49 +224,59 @@ fn check_3c_guest_root_cannot_read_or_leak_a_secret() {
     );
     results.push(a.record(v));
 
-    let rows: [(&str, &str, &str, &str, &str, &str, Box<dyn Fn(&str) -> bool>, &str); 4] = [
-        (
-            "3c-b",
-            "the placeholder in the URL of a request to the bound host (through an intercepted connection, straight to vsock port 1080)",
-            "a 403 saying the placeholder was sent in the URL; the server never sees the request; the net log has the leak",
-            "url: ",
-            "url control: ",
-            "the same connection's request with the placeholder in the Authorization header reaches the server with the real value (its answer: the hash of the real header)",
-            Box::new(|o: &str| o.starts_with("HTTP/1.1 403") && o.contains("secret TOKEN was sent in the URL")),
-            "placeholder leak",
-        ),
-        (
-            "3c-c",
-            "the placeholder in a plain-HTTP request's header to another allowed host (plain.test:8080)",
-            "a 403 before anything is sent on; the net log has the leak",
-            "plain: ",
-            "plain control: ",
-            "the same request without the placeholder gets the server's answer",
-            Box::new(|o: &str| o.starts_with("HTTP/1.1 403") && o.contains("secret TOKEN was sent in a request the proxy does not intercept")),
-            "placeholder leak",
-        ),
-        (
-            "3c-d",
-            "the placeholder in clear through a plain tunnel to another allowed host (sink.test:9000, which answers the byte count)",
-            "the tunnel is cut before the bytes leave: the sink never answers; the net log has the leak",
-            "tunnel: ",
-            "tunnel control: ",
-            "the same tunnel with other bytes gets the sink's count",
-            Box::new(|o: &str| o.starts_with("HTTP/1.1 200") && o.ends_with("/ ''")),
-            "placeholder leak",
-        ),
-        (
-            "3c-e",
-            "a CONNECT to the bound host, then TLS with another SNI (other.test) and the certificate unchecked, and the placeholder in the Authorization header",
-            "the proxy cuts the connection after the handshake (SNI mismatch): no answer, nothing at the server",
-            "sni: ",
-            "sni control: ",
-            "the same unchecked TLS with the bound SNI gets the server's answer to the real value",
-            Box::new(|o: &str| !o.contains("200 OK") && !o.contains(" ok ")),
-            "SNI mismatch",
-        ),
+    let rows = [
+        Leak {
+            id: "3c-b",
+            tried: "the placeholder in the URL of a request to the bound host (through an intercepted connection, straight to vsock port 1080)",
+            expected: "a 403 saying the placeholder was sent in the URL; the server never sees the request; the net log has the leak",
+            key: "url: ",
+            control_key: "url control: ",
+            control_what: "the same connection's request with the placeholder in the Authorization header reaches the server with the real value (its answer: the hash of the real header)",
+            refused: |o: &str| o.starts_with("HTTP/1.1 403") && o.contains("secret TOKEN was sent in the URL"),
+            rule: "placeholder leak",
+        },
+        Leak {
+            id: "3c-c",
+            tried: "the placeholder in a plain-HTTP request's header to another allowed host (plain.test:8080)",
+            expected: "a 403 before anything is sent on; the net log has the leak",
+            key: "plain: ",
+            control_key: "plain control: ",
+            control_what: "the same request without the placeholder gets the server's answer",
+            refused: |o: &str| o.starts_with("HTTP/1.1 403") && o.contains("secret TOKEN was sent in a request the proxy does not intercept"),
+            rule: "placeholder leak",
+        },
+        Leak {
+            id: "3c-d",
+            tried: "the placeholder in clear through a plain tunnel to another allowed host (sink.test:9000, which answers the byte count)",
+            expected: "the tunnel is cut before the bytes leave: the sink never answers; the net log has the leak",
+            key: "tunnel: ",
+            control_key: "tunnel control: ",
+            control_what: "the same tunnel with other bytes gets the sink's count",
+            refused: |o: &str| o.starts_with("HTTP/1.1 200") && o.ends_with("/ ''"),
+            rule: "placeholder leak",
+        },
+        Leak {
+            id: "3c-e",
+            tried: "a CONNECT to the bound host, then TLS with another SNI (other.test) and the certificate unchecked, and the placeholder in the Authorization header",
+            expected: "the proxy cuts the connection after the handshake (SNI mismatch): no answer, nothing at the server",
+            key: "sni: ",
+            control_key: "sni control: ",
+            control_what: "the same unchecked TLS with the bound SNI gets the server's answer to the real value",
+            refused: |o: &str| !o.contains("200 OK") && !o.contains(" ok "),
+            rule: "SNI mismatch",
+        },
     ];
-    for (id, tried, expected, key, control_key, control_what, refused, rule) in rows {
+    for Leak {
+        id,
+        tried,
+        expected,
+        key,
+        control_key,
+        control_what,
+        refused,
+        rule,
+    } in rows
+    {
         let mut check = Check::new(id, tried, expected)
             .evidence(Source::Guest, "what the guest's own socket got back")
             .evidence(
