@@ -18,7 +18,15 @@ use mvm_e2e::{mvm_with, Options};
 const REAL: (&str, &str) = ("mvm-e2e-real-", "value-7c1d9e");
 const CONTROL: (&str, &str) = ("mvm-e2e-control-", "value-3f8a2b");
 
-const SETUP: &str = "sh tests/e2e/peers/start.sh && rm -f /run/tmp/net.log";
+/// The peers, and a watcher of the live session directory on the test
+/// host: every 0.2 s each of its files is searched for the value, and for
+/// the run's CA certificate (its control: the watcher sees the files).
+const SETUP: &str =
+    "sh tests/e2e/peers/start.sh || exit 1; rm -f /run/tmp/net.log /run/tmp/watch.txt; \
+    (while :; do for f in /run/tmp/mvm-*/*/*; do [ -f \"$f\" ] || continue; \
+        grep -q 'BEGIN CERTIFICATE' \"$f\" && echo \"certificate ${f##*/}\"; \
+        grep -qF \"$MVM_TEST_TOKEN\" \"$f\" && echo \"value ${f##*/}\"; \
+     done; sleep 0.2; done >>/run/tmp/watch.txt 2>/dev/null) </dev/null >/dev/null 2>&1 &";
 
 /// The guest's search (tests/e2e/peers/scan.py): argv holds the two
 /// halves of each needle.
@@ -96,7 +104,8 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
          echo \"body arrived: $(grep -c '^body: body mvm-secret-' /run/tmp/peers/requests.log)\"; \
          echo \"net log holds it: $(grep -c '{real}' /run/tmp/net.log)\"; \
          echo \"host control: $(grep -rl hello-over-tls /run/tmp | head -n 1)\"; \
-         echo \"host holds it: $(grep -rl '{real}' /run/tmp /run/home 2>/dev/null | grep -v /peers/requests.log | head -n 3 | paste -sd' ')\"; \
+         echo \"host holds it: $(grep -rl '{real}' /run/tmp /run/home 2>/dev/null | grep -v -e /peers/requests.log -e /watch.txt | head -n 3 | paste -sd' ')\"; \
+         echo \"session dir: $(sort -u /run/tmp/watch.txt | paste -sd' ')\"; \
          cat /run/tmp/net.log; \
          /mvm/bin/mvm run --image default --no-workspace --secret TOKEN=env:MVM_TEST_TOKEN@api.test:8443 \
             --upstream-ca /run/peer/etc/ssl/certs/ca-certificates.crt \
@@ -213,6 +222,14 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
         "the host-side search cannot see: {after}"
     );
     assert_eq!(field(&after, "host holds it"), "", "{after}");
+    // The live session directory, watched during the run: its CA file
+    // was seen (the control), the value never.
+    let session = field(&after, "session dir");
+    assert!(session.contains("certificate egress-ca.pem"), "{after}");
+    assert!(
+        !session.contains("value "),
+        "the value is in the session directory: {after}"
+    );
     let log: Vec<serde_json::Value> = r
         .after_lines()
         .iter()
