@@ -140,6 +140,55 @@ pub fn stat_in(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// What follows `KEY: ` on the first line of `out` that starts with it (a
+/// test's guest script prints its results as such lines); panics, showing
+/// `out`, when there is none.
+pub fn field<'a>(out: &'a str, key: &str) -> &'a str {
+    let prefix = format!("{key}: ");
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no '{key}:' line in\n{out}"))
+}
+
+/// `mvm run` options binding secret TOKEN (its value: `MVM_TEST_TOKEN` in
+/// mvm's environment) to the peer servers' api.test:8443 (tests/e2e/peers,
+/// their CA as the upstream's), and allowing the other peers a leak test
+/// sends it to: plain.test:8080 and sink.test:9000 (with their address,
+/// 127.0.0.1, since they resolve to it).
+pub const PEER_SECRET_ARGS: &[&str] = &[
+    "--secret",
+    "TOKEN=env:MVM_TEST_TOKEN@api.test:8443",
+    "--upstream-ca",
+    "/run/tmp/peers/pub/ca.pem",
+    "--allow",
+    "127.0.0.1:8443",
+    "--allow",
+    "plain.test:8080",
+    "--allow",
+    "127.0.0.1:8080",
+    "--allow",
+    "sink.test:9000",
+    "--allow",
+    "127.0.0.1:9000",
+];
+
+/// SHA-256 of `text`, hex (coreutils' sha256sum, as the guest computes it).
+pub fn sha256_hex(text: &str) -> String {
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start sha256sum");
+    child
+        .stdin
+        .take()
+        .expect("stdin pipe")
+        .write_all(text.as_bytes())
+        .expect("write to sha256sum");
+    let out = child.wait_with_output().expect("wait for sha256sum");
+    String::from_utf8_lossy(&out.stdout)[..64].to_string()
+}
+
 /// The `mvm (test host): KIND LINE` lines of a wrapper's stderr, with that
 /// prefix removed (`kind` is e.g. "after: ").
 pub fn wrapper_lines<'a>(stderr: &'a str, kind: &str) -> Vec<&'a str> {

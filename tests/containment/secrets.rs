@@ -7,7 +7,7 @@
 //! forwarder and talks to the proxy's vsock port itself.
 
 use crate::battery::{attack, code, excerpt, Check, Source, Verdict};
-use mvm_e2e::Options;
+use mvm_e2e::{sha256_hex, Options, PEER_SECRET_ARGS};
 
 /// The value, and the control's, in halves (the guest's search must not
 /// hold them whole: tests/e2e/peers/scan.py).
@@ -94,23 +94,6 @@ struct Leak {
     rule: &'static str,
 }
 
-fn sha256_hex(text: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("sha256sum");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout)[..64].to_string()
-}
-
 #[test]
 #[ignore = "containment battery: run by `make battery`"]
 fn check_3c_guest_root_cannot_read_or_leak_a_secret() {
@@ -137,6 +120,19 @@ fn check_3c_guest_root_cannot_read_or_leak_a_secret() {
     )
     .evidence(Source::Guest, "tests/e2e/peers/scan.py over /proc/PID/{environ,cmdline,mem}, /proc/cmdline and dmesg, as root")
     .control(Source::Guest, "the same search finds a value the run passed with --env CONTROL=...");
+    let control_env = format!("CONTROL={control_value}");
+    let mut args = vec!["--root", "--no-workspace"];
+    args.extend_from_slice(PEER_SECRET_ARGS);
+    args.extend_from_slice(&[
+        "--env",
+        &control_env,
+        "--net-log",
+        "/run/tmp/net3c.log",
+        "--",
+        "sh",
+        "-c",
+        &guest,
+    ]);
     let run = a.run(|| {
         attack(
             &Options {
@@ -146,32 +142,7 @@ fn check_3c_guest_root_cannot_read_or_leak_a_secret() {
                 env: &[("MVM_TEST_TOKEN", &real)],
                 ..Options::default()
             },
-            &[
-                "--root",
-                "--no-workspace",
-                "--secret",
-                "TOKEN=env:MVM_TEST_TOKEN@api.test:8443",
-                "--upstream-ca",
-                "/run/tmp/peers/pub/ca.pem",
-                "--allow",
-                "127.0.0.1:8443",
-                "--allow",
-                "plain.test:8080",
-                "--allow",
-                "127.0.0.1:8080",
-                "--allow",
-                "sink.test:9000",
-                "--allow",
-                "127.0.0.1:9000",
-                "--env",
-                &format!("CONTROL={control_value}"),
-                "--net-log",
-                "/run/tmp/net3c.log",
-                "--",
-                "sh",
-                "-c",
-                &guest,
-            ],
+            &args,
         )
     });
     let out = run.stdout.clone();

@@ -8,7 +8,7 @@
 //! 503 package index, a TCP sink) and git http-backend (smart HTTP). The
 //! guest gets the test CA through `--mount`, never the CA's key.
 
-use mvm_e2e::{mvm_with, Options, Run};
+use mvm_e2e::{field, mvm_with, Options, Run};
 
 /// The peers, the net log's place, and a policy file in TOML allowing the
 /// peers' names and, since they resolve to 127.0.0.1, that address too
@@ -42,14 +42,6 @@ fn run(script: &str, extra: &[&str], after: Option<&str>, timeout: u32) -> Run {
         },
         &args,
     )
-}
-
-/// The line of `out` that starts with `key: `, without it.
-fn field<'a>(out: &'a str, key: &str) -> &'a str {
-    let prefix = format!("{key}: ");
-    out.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .unwrap_or_else(|| panic!("no '{key}:' line in\n{out}"))
 }
 
 #[test]

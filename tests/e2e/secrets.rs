@@ -11,7 +11,7 @@
 //! log are searched for it; the same search finds a value given with
 //! `--env` (the control), so it can see what it looks for.
 
-use mvm_e2e::{mvm_with, Options};
+use mvm_e2e::{field, mvm_with, sha256_hex, Options, PEER_SECRET_ARGS};
 
 /// The secret's value and the control's. The guest is given only their
 /// halves, never joined, so that its search cannot find its own copy.
@@ -42,27 +42,6 @@ s.sendall(b"token " + os.environ["TOKEN"].encode())
 s.shutdown(socket.SHUT_WR)
 print("sink answered:", repr(s.recv(100)))
 "#;
-
-fn sha256_hex(text: &str) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(text.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout)[..64].to_string()
-}
-
-fn field<'a>(out: &'a str, key: &str) -> &'a str {
-    let prefix = format!("{key}: ");
-    out.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .unwrap_or_else(|| panic!("no '{key}:' line in\n{out}"))
-}
 
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
@@ -112,6 +91,28 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
             --allow 127.0.0.1:8443 -- sh -c 'echo \"second ca sum: $(sha256sum </etc/ssl/certs/mvm-run-ca.pem | cut -c1-64)\"; \
             echo \"unverified: $(curl -sS -v https://api.test:8443/echo 2>&1 | grep -i \"^< x-mvm-error\" | tr -d \"\\r\")\"'"
     );
+    let control_env = format!("CONTROL={control}");
+    let mut args = vec![
+        "run",
+        "--image",
+        "default",
+        "--no-workspace",
+        "--root",
+        "--console",
+        "--mount",
+        "/run/tmp/peers/pub:/peers:ro",
+    ];
+    args.extend_from_slice(PEER_SECRET_ARGS);
+    args.extend_from_slice(&[
+        "--env",
+        &control_env,
+        "--net-log",
+        "/run/tmp/net.log",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     let r = mvm_with(
         &Options {
             setup: Some(SETUP),
@@ -120,38 +121,7 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
             env: &[("MVM_TEST_TOKEN", &real)],
             ..Options::default()
         },
-        &[
-            "run",
-            "--image",
-            "default",
-            "--no-workspace",
-            "--root",
-            "--console",
-            "--mount",
-            "/run/tmp/peers/pub:/peers:ro",
-            "--secret",
-            "TOKEN=env:MVM_TEST_TOKEN@api.test:8443",
-            "--upstream-ca",
-            "/run/tmp/peers/pub/ca.pem",
-            "--allow",
-            "127.0.0.1:8443",
-            "--allow",
-            "plain.test:8080",
-            "--allow",
-            "127.0.0.1:8080",
-            "--allow",
-            "sink.test:9000",
-            "--allow",
-            "127.0.0.1:9000",
-            "--env",
-            &format!("CONTROL={control}"),
-            "--net-log",
-            "/run/tmp/net.log",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
+        &args,
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let out = r.stdout.as_str();
