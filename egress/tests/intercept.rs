@@ -358,6 +358,96 @@ fn the_real_value_goes_into_the_bound_hosts_headers_and_nowhere_else() {
     assert!(log.iter().any(|l| l["rule"] == "SNI mismatch"), "{text}");
 }
 
+/// An HTTPS server for api.test offering only HTTP/2 (ALPN h2, hyper),
+/// answering each request with its version and Authorization header.
+fn h2_https() -> (SocketAddr, String) {
+    use http_body_util::Full;
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["api.test".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(
+                        |req: hyper::Request<hyper::body::Incoming>| async move {
+                            let auth = req
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string();
+                            let text =
+                                format!("version {:?} authorization {auth}\n", req.version());
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                                bytes::Bytes::from(text),
+                            )))
+                        },
+                    );
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+                });
+            }
+        });
+    });
+    (addr, ca.pem())
+}
+
+#[test]
+fn an_http2_server_gets_the_value_from_an_http1_client() {
+    let (server, ca) = h2_https();
+    let run = start(server.port(), &ca);
+    let answer = run.https(
+        "api.test",
+        "api.test",
+        &get(
+            "api.test",
+            server.port(),
+            "/v1",
+            &format!("Authorization: Bearer {P}\r\n"),
+            "",
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains(&format!("version HTTP/2.0 authorization Bearer {REAL}")),
+        "{answer}"
+    );
+}
+
 #[test]
 fn a_server_that_does_not_verify_is_a_502_before_any_tunnel() {
     let (server, _its_ca) = echo_https(&["api.test"]);
