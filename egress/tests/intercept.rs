@@ -27,26 +27,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// request with its head and body as the response body. Returns its
 /// address and its CA's PEM.
 fn echo_https(names: &[&str]) -> (SocketAddr, String) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .unwrap()
-            .signed_by(&key, &ca, &ca_key)
-            .unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let (config, ca_pem) = server_config(names, b"http/1.1");
     let config = Arc::new(config);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -87,7 +68,33 @@ fn echo_https(names: &[&str]) -> (SocketAddr, String) {
             });
         }
     });
-    (addr, ca.pem())
+    (addr, ca_pem)
+}
+
+/// A server configuration for `names` from a CA of its own (its PEM is
+/// what the proxy is told to trust), offering `alpn`.
+fn server_config(names: &[&str], alpn: &[u8]) -> (rustls::ServerConfig, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    (config, ca.pem())
 }
 
 struct Run {
@@ -362,25 +369,7 @@ fn the_real_value_goes_into_the_bound_hosts_headers_and_nowhere_else() {
 /// answering each request with its version and Authorization header.
 fn h2_https() -> (SocketAddr, String) {
     use http_body_util::Full;
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["api.test".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    let (config, ca_pem) = server_config(&["api.test"], b"h2");
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -423,7 +412,7 @@ fn h2_https() -> (SocketAddr, String) {
             }
         });
     });
-    (addr, ca.pem())
+    (addr, ca_pem)
 }
 
 #[test]

@@ -75,15 +75,21 @@ impl EgressArgs {
     }
 
     /// Starts the proxy in the session directory, if the run wants one.
-    /// `user_keys`: the variables the user set with --env.
+    /// `user_env`: the run's --env KEY=VALUE items (theirs win).
     pub(crate) fn start(
         &self,
         dir: &SessionDir,
-        user_keys: &HashSet<String>,
+        user_env: &[String],
     ) -> Result<Option<Started>, Failure> {
         if !self.wanted() {
             return Ok(None);
         }
+        let user_keys: HashSet<String> = user_env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, _)| k.to_string())
+            .collect();
+        let user_keys = &user_keys;
         let limits = self.limits()?;
         let env_var = |name: &str| std::env::var(name).ok();
         let from_file = self
@@ -226,6 +232,36 @@ impl EgressArgs {
             );
         }
     }
+}
+
+impl Started {
+    /// Wires the proxy into the run: the vmm thread may connect guest
+    /// connections to its socket, and the command gets its variables (an
+    /// image's of the same names replaced). The proxy, its guest port and,
+    /// with secrets, where its CA will be.
+    pub(crate) fn attach(
+        self,
+        request: &mut mvm_protocol::ExecRequest,
+    ) -> (Egress, GuestPort, Option<PathBuf>) {
+        crate::confine::seccomp::allow_guest_connections();
+        request.egress = true;
+        for (name, value) in self.env {
+            request.env.retain(|(n, _)| n != &name);
+            request.env.push((name, value));
+        }
+        (self.proxy, self.port, self.ca_cert)
+    }
+}
+
+/// The proxy's per-run CA (public; written before it was ready), for the
+/// guest's trust store.
+pub(crate) fn read_ca(path: &std::path::Path) -> Result<String, Failure> {
+    std::fs::read_to_string(path).map_err(|e| {
+        setup_failure(format!(
+            "cannot read the egress proxy's CA {}: {e}",
+            path.display()
+        ))
+    })
 }
 
 /// The proxy variables for the command, added to `env` unless the user

@@ -224,29 +224,15 @@ fn run_in_vm(
         false => Some(find_virtiofsd(args)?),
     };
     let dir = SessionDir::create().map_err(setup_failure)?;
-    let user_keys = args
-        .env
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, _)| k.to_string())
-        .collect();
     // Declared after `dir` (dropped before it), like the backends below.
-    let proxy_started = args.egress.start(&dir, &user_keys)?;
     let mut request = request;
-    let mut guest_ports = Vec::new();
     let mut ca_cert = None;
-    let mut egress = proxy_started.map(|s| {
-        guest_ports.push(s.port.clone());
-        crate::confine::seccomp::allow_guest_connections();
-        request.egress = true;
-        // The proxy's variables replace the image's of the same names.
-        for (name, value) in s.env {
-            request.env.retain(|(n, _)| n != &name);
-            request.env.push((name, value));
-        }
-        ca_cert = s.ca_cert;
-        (s.proxy, s.port)
+    let mut egress = args.egress.start(&dir, &args.env)?.map(|s| {
+        let (proxy, port, ca) = s.attach(&mut request);
+        ca_cert = ca;
+        (proxy, port)
     });
+    let guest_ports = egress.iter().map(|(_, port)| port.clone()).collect();
     config.vsock = Some(VsockConfig {
         cid: GUEST_CID,
         uds_path: dir.vsock_path(),
@@ -322,16 +308,9 @@ fn run_in_vm(
     if let Some((proxy, _)) = egress.as_mut() {
         proxy.wait_ready().map_err(setup_failure)?;
     }
-    // With secrets, the guest trusts the proxy's per-run CA (written
-    // before the proxy was ready; its key stays in the proxy).
+    // With secrets, the guest trusts the proxy's per-run CA.
     if let (Some(path), Some(setup)) = (&ca_cert, request.setup.as_mut()) {
-        let pem = std::fs::read_to_string(path).map_err(|e| {
-            setup_failure(format!(
-                "cannot read the egress proxy's CA {}: {e}",
-                path.display()
-            ))
-        })?;
-        setup.trust = Some(pem);
+        setup.trust = Some(super::egress::read_ca(path)?);
     }
     if let Some(pump) = egress.as_mut().and_then(|(e, _)| e.take_log_pump()) {
         machine.add_subscriber(Box::new(pump));
