@@ -1,5 +1,5 @@
 //! Secrets by placeholder end to end (docs/network.md, "Secrets"): the
-//! default image's curl (HTTP/1.1 and HTTP/2), Python and git through the
+//! default image's curl (HTTP/1.1 and HTTP/2), Python, Node and git through the
 //! proxy's interception to a real HTTPS server on the test host (the peer
 //! root's Python, tests/e2e/peers), which logs what it receives and
 //! answers only a hash of its Authorization header, so that the real
@@ -43,6 +43,18 @@ s.shutdown(socket.SHUT_WR)
 print("sink answered:", repr(s.recv(100)))
 "#;
 
+/// Node's own fetch(). Debian's Node 18 does not read the proxy variables
+/// (`NODE_USE_ENV_PROXY`, which mvm sets, is a later Node's), so its
+/// global dispatcher is undici's ProxyAgent, as Node's docs say; the
+/// request itself is plain `fetch`.
+const NODE: &str = r#"
+const { setGlobalDispatcher, ProxyAgent } = require("undici");
+setGlobalDispatcher(new ProxyAgent(process.env.HTTPS_PROXY));
+fetch("https://api.test:8443/echo", { headers: { Authorization: "Bearer " + process.env.TOKEN } })
+  .then((r) => r.text())
+  .then((t) => console.log(t.trim()), (e) => console.log("failed:", String(e.cause || e)));
+"#;
+
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
@@ -56,6 +68,7 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
          echo \"urllib: $(python3 -c 'import os, urllib.request as u; \
             r = u.Request(\"https://api.test:8443/echo\", headers={{\"Authorization\": \"Bearer \" + os.environ[\"TOKEN\"]}}); \
             print(u.urlopen(r).read().decode().strip())' 2>&1)\"; \
+         echo \"node: $(node --no-warnings -e {node} 2>&1)\"; \
          git -c http.extraHeader=\"$A $TOKEN\" clone -q https://api.test:8443/git/probe.git probe 2>&1; \
          echo \"git: $(cat probe/README 2>&1)\"; \
          echo \"body: $(curl -sS -d \"body $TOKEN\" https://api.test:8443/echo 2>&1)\"; \
@@ -73,6 +86,7 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
         quote(CONTROL.0),
         quote(CONTROL.1),
         tunnel = quote(TUNNEL),
+        node = quote(NODE),
         scan = quote(SCAN),
     );
     // After the run: what the server got, the net log, a host-side search
@@ -134,6 +148,7 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
     assert_eq!(field(out, "curl"), want, "{out}");
     assert_eq!(field(out, "h2"), "2", "{out}");
     assert_eq!(field(out, "urllib"), want, "{out}");
+    assert_eq!(field(out, "node"), want, "{out}");
     assert_eq!(field(out, "git"), "cloned-over-https", "{out}");
     // Bodies are never rewritten: the body arrives with the placeholder.
     assert_eq!(
@@ -182,9 +197,9 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
     assert!(!r.stdout.contains(&real) && !r.stderr.contains(&real));
 
     let after = r.after_lines().join("\n");
-    // curl, curl --http2 and urllib sent it to /echo once each (git's
-    // requests, to /git/, are in the net log below).
-    assert_eq!(field(&after, "requests"), "3", "{after}");
+    // curl, curl --http2, urllib and Node sent it to /echo once each
+    // (git's requests, to /git/, are in the net log below).
+    assert_eq!(field(&after, "requests"), "4", "{after}");
     assert_eq!(field(&after, "body arrived"), "1", "{after}");
     assert_eq!(field(&after, "net log holds it"), "0", "{after}");
     assert!(
@@ -209,8 +224,8 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
         .iter()
         .filter(|e| e["secrets"] == serde_json::json!(["TOKEN in authorization"]))
         .count();
-    // The three above, and git's at least twice (info/refs, upload-pack).
-    assert!(substituted >= 5, "{log:?}");
+    // The four above, and git's at least twice (info/refs, upload-pack).
+    assert!(substituted >= 6, "{log:?}");
     let leaks = log
         .iter()
         .filter(|e| e["rule"] == "placeholder leak" && e["decision"] == "denied")
