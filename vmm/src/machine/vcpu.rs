@@ -377,6 +377,14 @@ impl Vcpu {
         self.fd
             .set_cpuid2(&cpuid)
             .map_err(configure_err(id, "CPUID"))?;
+        if let Some(xcr0) = cpuid::boot_xcr0(&cpuid) {
+            let mut xcrs = kvm_bindings::kvm_xcrs {
+                nr_xcrs: 1,
+                ..Default::default()
+            };
+            xcrs.xcrs[0].value = xcr0;
+            self.fd.set_xcrs(&xcrs).map_err(configure_err(id, "XCR0"))?;
+        }
 
         let msrs = msr::boot_msrs();
         let set = self.fd.set_msrs(&msrs).map_err(configure_err(id, "MSRs"))?;

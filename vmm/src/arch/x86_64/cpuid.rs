@@ -11,11 +11,18 @@
 //! guest runs the IO-APIC timer check and two polled LAPIC-timer
 //! calibrations at boot (about 250 ms in the test host). Firecracker's
 //! CPUID normalisation sets it the same way.
+//!
+//! And one is about XSAVE: see [`boot_xcr0`].
 
 use kvm_bindings::{kvm_cpuid_entry2, CpuId};
 
 const LEAF_FEATURES: u32 = 0x1;
 const LEAF_EXT_TOPOLOGY: u32 = 0xb;
+const LEAF_XSTATE: u32 = 0xd;
+/// ECX bit 26: XSAVE/XRSTOR and XCR0 exist.
+const ECX_XSAVE_BIT: u32 = 1 << 26;
+/// XCR0 bit 0, x87 state: always set.
+const XCR0_X87: u64 = 1;
 const ECX_HYPERVISOR_BIT: u32 = 1 << 31;
 /// ECX bit 24: the LAPIC timer has TSC-deadline mode.
 const ECX_TSC_DEADLINE_BIT: u32 = 1 << 24;
@@ -42,6 +49,30 @@ pub fn advertise_emulated(cpuid: &mut CpuId, emulated: Emulated) {
             entry.ecx |= ECX_TSC_DEADLINE_BIT;
         }
     }
+}
+
+/// The XCR0 a vCPU starts with: every state component CPUID leaf 0xD
+/// sub-leaf 0 lists (EDX:EAX), or None if the vCPU has no XSAVE.
+///
+/// Why not the reset value (x87 only): KVM keeps leaf 0xD's size fields
+/// (EBX: bytes for the components enabled in XCR0) in step with the XCR0
+/// it last saw, and the guest kernel checks that size against its own sum
+/// right after writing XCR0; on a mismatch it prints a kernel WARNING and
+/// turns XSAVE off altogether (no AVX in the guest). Where KVM sees the
+/// guest's XSETBV (hardware) the start value is overwritten at once and
+/// changes nothing; where it does not (nested under QEMU's TCG, the test
+/// host, for mvm and Firecracker alike) the size stays that of the value
+/// set here, which is what the guest goes on to enable.
+pub fn boot_xcr0(cpuid: &CpuId) -> Option<u64> {
+    let entries = cpuid.as_slice();
+    let features = entries.iter().find(|e| e.function == LEAF_FEATURES)?;
+    if features.ecx & ECX_XSAVE_BIT == 0 {
+        return None;
+    }
+    let xstate = entries
+        .iter()
+        .find(|e| e.function == LEAF_XSTATE && e.index == 0)?;
+    Some(u64::from(xstate.eax) | u64::from(xstate.edx) << 32 | XCR0_X87)
 }
 
 /// Adjusts `cpuid` (from `KVM_GET_SUPPORTED_CPUID`) for vCPU `cpu_id` of
@@ -118,6 +149,34 @@ mod tests {
         // The per-vCPU filter keeps it.
         filter(&mut cpuid, 0, 1);
         assert_ne!(cpuid.as_slice()[1].ecx & (1 << 24), 0);
+    }
+
+    #[test]
+    fn the_boot_xcr0_is_every_component_leaf_0xd_lists() {
+        let features = |ecx| kvm_cpuid_entry2 {
+            function: 1,
+            ecx,
+            ..Default::default()
+        };
+        let xstate = kvm_cpuid_entry2 {
+            function: 0xd,
+            index: 0,
+            eax: 0x7,
+            edx: 0x2,
+            ..Default::default()
+        };
+        let other_subleaf = kvm_cpuid_entry2 {
+            function: 0xd,
+            index: 2,
+            eax: 256,
+            ..Default::default()
+        };
+        let with = CpuId::from_entries(&[features(1 << 26), other_subleaf, xstate]).unwrap();
+        assert_eq!(boot_xcr0(&with), Some(0x2_0000_0007));
+        let without = CpuId::from_entries(&[features(0), xstate]).unwrap();
+        assert_eq!(boot_xcr0(&without), None, "no XSAVE, no XCR0");
+        let no_leaf = CpuId::from_entries(&[features(1 << 26)]).unwrap();
+        assert_eq!(boot_xcr0(&no_leaf), None);
     }
 
     #[test]
