@@ -15,6 +15,7 @@ pub mod boot;
 mod create;
 pub mod event_loop;
 pub mod fs;
+mod huge_pages;
 pub mod kernel;
 pub mod kvm;
 pub mod memory;
