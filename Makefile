@@ -39,7 +39,7 @@ IMAGE_ROOT := $(SHARE)/images/debian.erofs
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint bench bench-fs bench-image bench-egress bench-concurrent bench-confine clean
+.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-confine clean
 all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
@@ -98,10 +98,20 @@ demo: all
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	cd fuzz && cargo fmt -- --check
+	cd fuzz && CARGO_TARGET_DIR=../target/fuzz-lint cargo clippy --locked --all-targets -- -D warnings
 
 # Unit tests (no KVM) and the tiny-guest tests (this machine's /dev/kvm).
 unit:
 	cargo test --workspace --locked
+
+# Fuzzing: each target in fuzz/ (a hostile guest driver against the
+# virtio-mmio transport, the block and the vsock device; hostile bytes
+# against the exec channel's decoders and guest-init's command line) for
+# MVM_FUZZ_SECONDS (60) on the stable toolchain, its corpus growing under
+# $(MVM_CACHE)/fuzz across runs (docs/testing.md, "Fuzzing").
+fuzz: build/.deps
+	scripts/fuzz.sh
 
 # End-to-end: the real binary, kernel and initramfs, through the test host.
 # Every suite boots cold; then the exec and workspace suites run again
@@ -190,7 +200,7 @@ battery-doc: battery battery-red
 EVENTS := target/test-events
 test:
 	rm -rf $(EVENTS)
-	$(MAKE) lint unit e2e battery; status=$$?; tests/summary.sh $(EVENTS); exit $$status
+	$(MAKE) lint unit fuzz e2e battery; status=$$?; tests/summary.sh $(EVENTS); exit $$status
 
 clean:
 	rm -rf build target

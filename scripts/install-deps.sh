@@ -16,9 +16,11 @@
 #     user who is not root
 #   docker-registry: the distribution registry the e2e suite pulls from
 #     (tests/e2e/registry.rs starts its own on 127.0.0.1)
+#   g++: libFuzzer, which libfuzzer-sys compiles for the fuzz targets
+#     (scripts/fuzz.sh)
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils mmdebstrap uidmap docker-registry)
+    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils mmdebstrap uidmap docker-registry g++)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
