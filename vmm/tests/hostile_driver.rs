@@ -17,11 +17,9 @@
 
 mod common;
 
-use std::io::{self, Write};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{asm, elf_image, kvm_or_skip};
+use common::{asm, elf_image, kvm_or_skip, Captured};
 use mvm::arch::x86_64::layout::{PDPTE_START, VIRTIO_MMIO_BASE};
 use mvm::config::{RootDisk, VmConfig, VsockConfig};
 use mvm::console::ConsoleOutput;
@@ -29,7 +27,6 @@ use mvm::machine::{boot, Outcome};
 use vmm_sys_util::tempdir::TempDir;
 
 // virtio-mmio registers (virtio 1.2, 4.2.2).
-const DEVICE_FEATURES_SEL: u64 = 0x14;
 const DRIVER_FEATURES: u64 = 0x20;
 const DRIVER_FEATURES_SEL: u64 = 0x24;
 const QUEUE_SEL: u64 = 0x30;
@@ -160,15 +157,19 @@ impl Guest {
     /// only, FEATURES_OK, `queues` queues at their places, DRIVER_OK.
     fn start(&mut self, slot: u64, queues: u64) {
         self.reg(slot, STATUS, 0);
-        self.reg(slot, STATUS, 1 | 2);
-        self.reg(slot, DEVICE_FEATURES_SEL, 1);
-        self.reg(slot, DRIVER_FEATURES_SEL, 1);
-        self.reg(slot, DRIVER_FEATURES, 1);
-        self.reg(slot, STATUS, 1 | 2 | 8);
+        self.negotiate(slot);
         for q in 0..queues {
             self.queue_at(slot, q, ring_base(q));
         }
         self.reg(slot, STATUS, STATUS_RUNNING);
+    }
+
+    /// ACKNOWLEDGE, DRIVER, VERSION_1 acked, FEATURES_OK.
+    fn negotiate(&mut self, slot: u64) {
+        self.reg(slot, STATUS, 1 | 2);
+        self.reg(slot, DRIVER_FEATURES_SEL, 1);
+        self.reg(slot, DRIVER_FEATURES, 1);
+        self.reg(slot, STATUS, 1 | 2 | 8);
     }
 
     fn queue_at(&mut self, slot: u64, q: u64, base: u64) {
@@ -212,19 +213,6 @@ fn ring_base(q: u64) -> u64 {
     RINGS + q * 0x1_0000
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, d: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(d);
-        Ok(d.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Runs `code` with a root disk (slot 0) of `disk` and a vsock device
 /// (slot 1); the outcome and the console.
 fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
@@ -261,7 +249,7 @@ fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
     drop(machine);
     // The disk is read-only to the guest whatever it did.
     assert_eq!(std::fs::read(&disk_path).unwrap(), disk, "the disk changed");
-    let console = String::from_utf8_lossy(&out.0.lock().unwrap()).into_owned();
+    let console = out.text();
     Some((ended.outcome, console))
 }
 
@@ -351,10 +339,7 @@ fn the_block_device_keeps_serving_through_a_hostile_driver() {
     // Rings past the end of guest memory: the device refuses to start
     // (NEEDS_RESET), which the status shows.
     g.reset_device(BLOCK, 1);
-    g.reg(BLOCK, STATUS, 1 | 2);
-    g.reg(BLOCK, DRIVER_FEATURES_SEL, 1);
-    g.reg(BLOCK, DRIVER_FEATURES, 1);
-    g.reg(BLOCK, STATUS, 1 | 2 | 8);
+    g.negotiate(BLOCK);
     g.queue_at(BLOCK, 0, 0x7fff_0000_0000);
     g.reg(BLOCK, STATUS, STATUS_RUNNING);
     g.reg(BLOCK, QUEUE_NOTIFY, 0);
@@ -362,10 +347,7 @@ fn the_block_device_keeps_serving_through_a_hostile_driver() {
     // Rings at address 0 (the guest's own low memory): they start, and
     // the zeros there make no request.
     g.reset_device(BLOCK, 1);
-    g.reg(BLOCK, STATUS, 1 | 2);
-    g.reg(BLOCK, DRIVER_FEATURES_SEL, 1);
-    g.reg(BLOCK, DRIVER_FEATURES, 1);
-    g.reg(BLOCK, STATUS, 1 | 2 | 8);
+    g.negotiate(BLOCK);
     g.queue_at(BLOCK, 0, 0);
     g.reg(BLOCK, STATUS, STATUS_RUNNING);
     g.reg(BLOCK, QUEUE_NOTIFY, 0);
@@ -442,10 +424,7 @@ fn the_vsock_device_keeps_serving_through_a_flood_and_resets() {
     g.vsock_request(300, 60_000, 1081);
     g.reset_device(VSOCK, 3);
     // Rings past memory: refused to start.
-    g.reg(VSOCK, STATUS, 1 | 2);
-    g.reg(VSOCK, DRIVER_FEATURES_SEL, 1);
-    g.reg(VSOCK, DRIVER_FEATURES, 1);
-    g.reg(VSOCK, STATUS, 1 | 2 | 8);
+    g.negotiate(VSOCK);
     for q in 0..3 {
         g.queue_at(VSOCK, q, 0x7fff_0000_0000 + q * 0x1_0000);
     }

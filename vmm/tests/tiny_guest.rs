@@ -11,34 +11,14 @@
 //! with `MVM_ALLOW_SKIPS=1` (docs/testing.md).
 
 use std::io::{self, Write};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{asm, elf_image, kvm_or_skip};
+use common::{asm, elf_image, kvm_or_skip, Captured};
 use mvm::config::{VmConfig, VsockConfig};
 use mvm::console::ConsoleOutput;
 use mvm::machine::{self, boot, Outcome, StopReason};
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, d: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(d);
-        Ok(d.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 fn config(kernel: &vmm_sys_util::tempfile::TempFile, vcpus: u8) -> VmConfig {
     VmConfig {
@@ -109,10 +89,7 @@ fn a_paused_machine_runs_no_guest_code_until_resumed_and_is_joined_at_the_end() 
     )
     .unwrap();
     machine.start().unwrap();
-    assert!(
-        eventually(|| out.0.lock().unwrap().len() > 100),
-        "the guest prints"
-    );
+    assert!(eventually(|| out.len() > 100), "the guest prints");
     assert!(
         matches!(machine.save_devices(), Err(machine::Error::NotPaused)),
         "devices are not saved under a running guest"
@@ -120,18 +97,14 @@ fn a_paused_machine_runs_no_guest_code_until_resumed_and_is_joined_at_the_end() 
 
     machine.pause().unwrap();
     assert!(machine.is_paused());
-    let paused_at = out.0.lock().unwrap().len();
+    let paused_at = out.len();
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        out.0.lock().unwrap().len(),
-        paused_at,
-        "no output while paused"
-    );
+    assert_eq!(out.len(), paused_at, "no output while paused");
     machine.save_devices().expect("paused devices save");
 
     machine.resume();
     assert!(
-        eventually(|| out.0.lock().unwrap().len() > paused_at + 100),
+        eventually(|| out.len() > paused_at + 100),
         "output again after resume"
     );
     assert!(!machine.is_paused());
@@ -143,13 +116,9 @@ fn a_paused_machine_runs_no_guest_code_until_resumed_and_is_joined_at_the_end() 
     let ended = machine.wait(None).unwrap();
     assert_eq!(ended.outcome, Outcome::Stopped);
     assert_eq!(ended.vcpus_left_behind, 0);
-    let stopped_at = out.0.lock().unwrap().len();
+    let stopped_at = out.len();
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(
-        out.0.lock().unwrap().len(),
-        stopped_at,
-        "no output after the end"
-    );
+    assert_eq!(out.len(), stopped_at, "no output after the end");
 }
 
 #[test]

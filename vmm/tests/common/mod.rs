@@ -155,3 +155,28 @@ pub fn parked_guest() -> vmm_sys_util::tempfile::TempFile {
     file.as_file().write_all(&elf_image(&code)).unwrap();
     file
 }
+
+/// A console sink the test reads back: everything the guest printed.
+#[derive(Clone, Default)]
+pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, d: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(d);
+        Ok(d.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// Bytes printed so far.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
