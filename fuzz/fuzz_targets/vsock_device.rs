@@ -3,8 +3,9 @@
 //! queue, split across descriptors anyhow; RX buffers of any size or none;
 //! the raw driver steps of `driver::Op` (register writes, resets
 //! mid-traffic, rings anywhere, avail-index jumps); while host clients
-//! connect, send, read, half-close and hang up on the Unix socket, and the
-//! guest connects to a port the VMM serves. Findings: a panic, a hang, a
+//! connect (on the Unix socket or through the in-process Dialer), send,
+//! read, half-close and hang up, and the guest connects to a port the VMM
+//! serves. Findings: a panic, a hang, a
 //! runaway allocation, or more connections than the device's bound.
 
 #![no_main]
@@ -62,6 +63,11 @@ enum Step {
     Connect {
         port: u32,
     },
+    /// The same through the device's in-process Dialer (the VMM's own
+    /// exec client's way in).
+    Dial {
+        port: u32,
+    },
     HostSend {
         client: u8,
         data: Vec<u8>,
@@ -91,6 +97,16 @@ fn served() -> &'static (PathBuf, UnixListener) {
     })
 }
 
+/// Even numbers pick the agent's port (which the guest may accept), odd
+/// ones are taken as they are.
+fn agent_or(port: u32) -> u32 {
+    if port.is_multiple_of(2) {
+        mvm_protocol::AGENT_PORT
+    } else {
+        port
+    }
+}
+
 fn unique_addr() -> SocketAddr {
     static N: AtomicU32 = AtomicU32::new(0);
     let name = format!(
@@ -104,6 +120,7 @@ fn unique_addr() -> SocketAddr {
 struct Rig<H: event_manager::MutEventSubscriber> {
     driver: Driver<vsock::Vsock, H>,
     addr: SocketAddr,
+    dialer: vsock::Dialer,
     clients: Vec<UnixStream>,
     tx_slot: u16,
     rx_slot: u16,
@@ -119,9 +136,11 @@ fuzz_target!(|steps: Vec<Step>| {
         socket: path.clone(),
     }];
     let (device, handler) = vsock::new(GUEST_CID, listener, evts, ports).expect("the vsock device");
+    let dialer = handler.dialer().expect("the vsock dialer");
     let mut rig = Rig {
         driver: Driver::new(guest_memory(), device, handler, clones),
         addr,
+        dialer,
         clients: Vec::new(),
         tx_slot: 0,
         rx_slot: 0,
@@ -184,13 +203,15 @@ impl<H: event_manager::MutEventSubscriber> Rig<H> {
             }
             Step::Connect { port } => {
                 if let Ok(mut c) = UnixStream::connect_addr(&self.addr) {
-                    let port = if *port % 2 == 0 {
-                        mvm_protocol::AGENT_PORT
-                    } else {
-                        *port
-                    };
                     let _ = c.set_nonblocking(true);
-                    let _ = c.write_all(format!("CONNECT {port}\n").as_bytes());
+                    let _ = c.write_all(format!("CONNECT {}\n", agent_or(*port)).as_bytes());
+                    self.clients.push(c);
+                }
+            }
+            Step::Dial { port } => {
+                if let Ok(mut c) = self.dialer.dial() {
+                    let _ = c.set_nonblocking(true);
+                    let _ = c.write_all(format!("CONNECT {}\n", agent_or(*port)).as_bytes());
                     self.clients.push(c);
                 }
             }

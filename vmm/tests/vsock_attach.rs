@@ -37,7 +37,7 @@ fn attach(devices: &[(u64, &Path)]) -> Option<Attached> {
     let mut env = DeviceEnv::new(&vm, &mem, None);
     let results = devices
         .iter()
-        .map(|(cid, path)| vsock::attach_vsock(&mut env, *cid, path, &[]))
+        .map(|(cid, path)| vsock::attach_vsock(&mut env, *cid, path, &[]).map(|_| ()))
         .collect();
     Some(Attached {
         results,

@@ -255,10 +255,11 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
         rules.insert(libc::SYS_connect, Vec::new());
     }
     if kind == ThreadKind::Session {
-        // The exec client's sockets are Unix sockets (to the vsock
-        // device's listener); no other family.
+        // The exec client reaches the guest through socket pairs it hands
+        // to the vsock device (vsock::Dialer): Unix ones only. It has no
+        // `socket` and no `connect`, so nothing else is within its reach.
         rules.insert(
-            libc::SYS_socket,
+            libc::SYS_socketpair,
             arg_is_one_of(0, &[libc::AF_UNIX as u64]).map_err(build)?,
         );
     }
@@ -413,9 +414,9 @@ fn own_calls(kind: ThreadKind) -> &'static [i64] {
             libc::SYS_close,
         ],
         ThreadKind::Session => &[
-            // Connecting to the agent through the vsock socket, retrying
-            // (socket: Unix only, below).
-            libc::SYS_connect,
+            // Talking to the agent over a socket pair the vsock device
+            // holds the other end of, retrying (socketpair: Unix only,
+            // below); the read timeout on the device's answer.
             libc::SYS_setsockopt,
             libc::SYS_fcntl,
             libc::SYS_recvfrom,

@@ -354,8 +354,11 @@ fn run_in_vm(
         }
         None => (None, None),
     };
+    let dialer = machine
+        .take_vsock_dialer()
+        .ok_or_else(|| setup_failure("the machine has no vsock device".to_string()))?;
     let session = session::start(
-        dir.vsock_path(),
+        dialer,
         request,
         args.interactive,
         stop.clone(),

@@ -59,9 +59,15 @@ pub fn create(
     if let Some(disk) = &config.root_disk {
         block::attach_root_disk(&mut env, disk)?;
     }
-    if let Some(vsock) = &config.vsock {
-        vsock::attach_vsock(&mut env, vsock.cid, &vsock.uds_path, &vsock.guest_ports)?;
-    }
+    let vsock_dialer = match &config.vsock {
+        Some(vsock) => Some(vsock::attach_vsock(
+            &mut env,
+            vsock.cid,
+            &vsock.uds_path,
+            &vsock.guest_ports,
+        )?),
+        None => None,
+    };
     for share in &config.shares {
         let stop = stop.clone();
         let on_hangup = Box::new(move |why: String| stop.stop(StopReason::Failed(why)));
@@ -108,6 +114,7 @@ pub fn create(
         handles: Vec::new(),
         timeline,
         restored: false,
+        vsock_dialer,
     };
     Ok((machine, kvm))
 }

@@ -119,6 +119,8 @@ pub struct Machine {
     /// Restored from a snapshot, not booted: guest-init's boot markers are
     /// the saved machine's.
     restored: bool,
+    /// The vsock device's in-process way in, until a front end takes it.
+    vsock_dialer: Option<mvm_devices::virtio::vsock::Dialer>,
 }
 
 /// How a machine's run ended, and what the guest reported on the way.
@@ -149,6 +151,12 @@ impl Machine {
     /// Stops this machine from any thread.
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// The vsock device's [`Dialer`](mvm_devices::virtio::vsock::Dialer),
+    /// once (None without a vsock device, or when taken already).
+    pub fn take_vsock_dialer(&mut self) -> Option<mvm_devices::virtio::vsock::Dialer> {
+        self.vsock_dialer.take()
     }
 
     /// The kernel command line the guest was booted with.

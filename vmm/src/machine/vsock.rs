@@ -16,13 +16,15 @@ pub fn vsock_id(cid: u64) -> String {
 }
 
 /// `guest_ports`: the host ports the guest may connect to (each served by
-/// a Unix socket); empty for none.
+/// a Unix socket); empty for none. Returns the device's [`vsock::Dialer`],
+/// through which the VMM's own exec client reaches the guest without a
+/// `connect` (docs/security.md).
 pub fn attach_vsock(
     env: &mut DeviceEnv,
     cid: u64,
     uds_path: &Path,
     guest_ports: &[vsock::GuestPort],
-) -> Result<(), Error> {
+) -> Result<vsock::Dialer, Error> {
     let shown = uds_path.display().to_string();
     let listener = UnixListener::bind(uds_path).map_err(|e| match e.kind() {
         io::ErrorKind::AddrInUse => Error::VsockSocketExists(shown.clone()),
@@ -36,11 +38,22 @@ pub fn attach_vsock(
         queues: vsock::defs::QUEUE_COUNT,
         signaller: Signaller::Device,
     };
+    let mut dialer = None;
     attach_virtio(env, spec, |wiring| {
         let (device, handler) = vsock::new(cid, listener, wiring.queue_evts, guest_ports.to_vec())?;
+        dialer = Some(
+            handler
+                .dialer()
+                .map_err(|e| Error::EventFd("the vsock dialer", e))?,
+        );
         Ok((device, Box::new(handler)))
     })
-    .map(|_| ())
+    .and_then(|_| {
+        dialer.ok_or(Error::EventFd(
+            "the vsock dialer",
+            io::ErrorKind::NotFound.into(),
+        ))
+    })
     .inspect_err(|_| {
         let _ = std::fs::remove_file(uds_path);
     })

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
+use mvm_devices::virtio::vsock::Dialer;
 use mvm_protocol::{
     check_guest_version, ExecRequest, Exit, FrameError, FrameReader, Hello, Message, MAX_DATA,
 };
@@ -57,15 +58,44 @@ pub fn send(writer: &Writer, msg: &Message) -> Result<(), Error> {
     })
 }
 
-/// Connects to guest `port` through the device's hybrid Unix socket,
+/// Connects to guest `port` through the device's hybrid Unix socket at
+/// `uds` (a client in another process, or a test's fake device),
 /// retrying while the guest is still booting; `vm_gone` ends the wait.
 pub fn connect(uds: &Path, port: u32, vm_gone: &dyn Fn() -> bool) -> Result<UnixStream, Error> {
-    connect_waiting(uds, port, vm_gone, CONNECT_REPLY_TIMEOUT)
+    let shown = uds.display().to_string();
+    connect_waiting(
+        &|| UnixStream::connect(uds),
+        &shown,
+        port,
+        vm_gone,
+        CONNECT_REPLY_TIMEOUT,
+    )
 }
 
-/// [`connect`], with each attempt's wait for the device's answer given.
+/// [`connect`] for the VMM's own exec client: each attempt is a socket
+/// pair handed to the device (`Dialer`), so the confined session thread
+/// needs neither `socket` nor `connect`.
+pub fn connect_dialing(
+    dialer: &Dialer,
+    port: u32,
+    vm_gone: &dyn Fn() -> bool,
+) -> Result<UnixStream, Error> {
+    connect_waiting(
+        &|| dialer.dial(),
+        "the vsock device",
+        port,
+        vm_gone,
+        CONNECT_REPLY_TIMEOUT,
+    )
+}
+
+/// A fresh stream to the device, one per attempt.
+type Dial<'a> = &'a dyn Fn() -> io::Result<UnixStream>;
+
+/// The retry loop, with each attempt's wait for the device's answer given.
 fn connect_waiting(
-    uds: &Path,
+    dial: Dial,
+    shown: &str,
     port: u32,
     vm_gone: &dyn Fn() -> bool,
     reply_timeout: Duration,
@@ -74,7 +104,7 @@ fn connect_waiting(
         if vm_gone() {
             return Err(Error::VmGone);
         }
-        match try_connect(uds, port, reply_timeout) {
+        match try_connect(dial, port, reply_timeout) {
             Ok(Some(stream)) => return Ok(stream),
             // Refused by the guest (no listener yet: the device closes or
             // resets our socket) or the socket not yet bound: the agent
@@ -96,7 +126,7 @@ fn connect_waiting(
                 ) => {}
             Err(source) => {
                 return Err(Error::Connect {
-                    path: uds.display().to_string(),
+                    path: shown.to_string(),
                     source,
                 })
             }
@@ -105,8 +135,8 @@ fn connect_waiting(
     }
 }
 
-fn try_connect(uds: &Path, port: u32, reply_timeout: Duration) -> io::Result<Option<UnixStream>> {
-    let mut stream = UnixStream::connect(uds)?;
+fn try_connect(dial: Dial, port: u32, reply_timeout: Duration) -> io::Result<Option<UnixStream>> {
+    let mut stream = dial()?;
     stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
     stream.set_read_timeout(Some(reply_timeout))?;
     // Byte by byte: whatever follows the newline already belongs to the
@@ -274,7 +304,13 @@ mod tests {
             drop(silent);
             s
         });
-        let stream = connect_waiting(&path, 1024, &|| false, Duration::from_millis(200));
+        let stream = connect_waiting(
+            &|| UnixStream::connect(&path),
+            "test",
+            1024,
+            &|| false,
+            Duration::from_millis(200),
+        );
         assert!(stream.is_ok(), "{:?}", stream.err());
         device.join().unwrap();
         std::fs::remove_file(&path).unwrap();

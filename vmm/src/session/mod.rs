@@ -12,13 +12,13 @@ pub mod terminal;
 use crate::confine::{seccomp, ThreadKind};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::machine::{StopHandle, StopReason};
+use mvm_devices::virtio::vsock::Dialer;
 use mvm_protocol::{ExecRequest, Exit, Message, AGENT_PORT};
 
 pub use dir::SessionDir;
@@ -47,7 +47,7 @@ pub struct Session {
 /// waits for that (the machine is being saved as a template: no
 /// connection may exist in it); a gate dropped unopened ends the session.
 pub fn start(
-    uds: PathBuf,
+    dialer: Dialer,
     request: ExecRequest,
     forward_stdin: bool,
     vm: StopHandle,
@@ -68,7 +68,7 @@ pub fn start(
                 Err(client::Error::VmGone)
             } else {
                 exec(
-                    &uds,
+                    &dialer,
                     request,
                     forward_stdin,
                     &vm,
@@ -93,7 +93,7 @@ pub fn start(
 }
 
 fn exec(
-    uds: &std::path::Path,
+    dialer: &Dialer,
     mut request: ExecRequest,
     forward_stdin: bool,
     vm: &StopHandle,
@@ -101,7 +101,7 @@ fn exec(
     slot: &Mutex<Option<UnixStream>>,
     started: &Mutex<Option<Instant>>,
 ) -> Result<Ended, client::Error> {
-    let stream = client::connect(uds, AGENT_PORT, &|| vm.is_stopped())?;
+    let stream = client::connect_dialing(dialer, AGENT_PORT, &|| vm.is_stopped())?;
     // The clock as it is now that the guest listens: a restored guest's
     // stands where its template's stood.
     if let Some(setup) = request.setup.as_mut() {

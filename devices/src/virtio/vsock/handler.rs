@@ -1,13 +1,13 @@
 //! The event-loop half of the vsock device: a `MutEventSubscriber` the VMM's
 //! event loop thread runs. It watches the three queue eventfds, the wakeup
-//! the device half writes at activate and reset, the listening Unix socket
-//! and every client socket, and after each event serves the queues: guest
+//! the device half writes at activate and reset (and a [`Dialer`] after
+//! handing over a client), the listening Unix socket and every client socket, and after each event serves the queues: guest
 //! packets from TX first (they carry credit and responses), then as many
 //! packets for the guest as it has RX buffers for.
 
-use std::io::{ErrorKind, Read};
+use std::io::{self, ErrorKind, Read};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
@@ -31,9 +31,35 @@ pub struct VsockHandler {
     /// rx, tx, event: signalled by KVM (ioeventfd) or the transport.
     queue_evts: Vec<EventFd>,
     listener: UnixListener,
+    /// Host clients handed over in-process ([`Dialer`]), taken at the next
+    /// `wake`.
+    dialed: Arc<Mutex<Vec<UnixStream>>>,
     muxer: Muxer,
     scratch: TxScratch,
     resets_seen: u64,
+}
+
+/// Connects host clients to the device without a `connect(2)`: each
+/// [`Dialer::dial`] makes a socket pair, hands one end to the handler (as
+/// if accepted from the listener) and wakes it; the caller speaks the
+/// hybrid protocol (`CONNECT <port>`) on the other end. So a thread that
+/// talks to the guest needs no `socket` or `connect` once confined, and
+/// with them no way to reach any other Unix socket of the user's.
+pub struct Dialer {
+    dialed: Arc<Mutex<Vec<UnixStream>>>,
+    wake: EventFd,
+}
+
+impl Dialer {
+    pub fn dial(&self) -> io::Result<UnixStream> {
+        let (ours, theirs) = UnixStream::pair()?;
+        self.dialed
+            .lock()
+            .map_err(|_| io::Error::other("the vsock handler panicked"))?
+            .push(theirs);
+        self.wake.write(1)?;
+        Ok(ours)
+    }
 }
 
 impl VsockHandler {
@@ -49,6 +75,7 @@ impl VsockHandler {
             wake,
             queue_evts,
             listener,
+            dialed: Arc::default(),
             muxer,
             scratch: TxScratch::default(),
             resets_seen: 0,
@@ -58,6 +85,25 @@ impl VsockHandler {
     /// Host clients connected right now (including those still handshaking).
     pub fn connection_count(&self) -> usize {
         self.muxer.connection_count()
+    }
+
+    /// A [`Dialer`] for this device (its own handle on the wake eventfd).
+    pub fn dialer(&self) -> io::Result<Dialer> {
+        Ok(Dialer {
+            dialed: Arc::clone(&self.dialed),
+            wake: self.wake.try_clone()?,
+        })
+    }
+
+    /// The clients dialled since the last wake, as if just accepted.
+    fn take_dialed(&mut self, ops: &mut EventOps) {
+        let dialed = match self.dialed.lock() {
+            Ok(mut d) => std::mem::take(&mut *d),
+            Err(_) => return,
+        };
+        for stream in dialed {
+            self.muxer.accept(stream, ops);
+        }
     }
 
     fn accept_clients(&mut self, ops: &mut EventOps) {
@@ -230,12 +276,14 @@ impl MutEventSubscriber for VsockHandler {
         }
         // Clients may have connected before the event loop started.
         self.accept_clients(ops);
+        self.take_dialed(ops);
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
         let fd = events.fd();
         if fd == self.wake.as_raw_fd() {
             let _ = self.wake.read();
+            self.take_dialed(ops);
         } else if let Some(evt) = self.queue_evts.iter().find(|e| e.as_raw_fd() == fd) {
             // Reading resets the counter; the queues are served below either
             // way. The event queue (2) only holds buffers for transport-reset

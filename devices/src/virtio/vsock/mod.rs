@@ -19,6 +19,10 @@
 //! OP_REQUEST is refused with OP_RST: the guest gets no channel to the
 //! host but those.
 //!
+//! A host client in the VMM's own process can also be handed over without
+//! the socket file: [`Dialer`] (a socket pair), so that the exec client,
+//! once confined, needs no `connect`.
+//!
 //! Threads: the [`Vsock`] half sits behind the MMIO transport (vCPU
 //! threads); the [`VsockHandler`] half is an event-loop subscriber that
 //! owns the sockets and serves the queues. They share only the active
@@ -30,6 +34,8 @@
 mod connection;
 pub mod defs;
 mod device;
+#[cfg(test)]
+mod dialer_tests;
 #[cfg(test)]
 mod guest_port_tests;
 mod handler;
@@ -49,7 +55,7 @@ use std::sync::{Arc, Mutex};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use device::Vsock;
-pub use handler::VsockHandler;
+pub use handler::{Dialer, VsockHandler};
 pub use muxer::GuestPort;
 
 use defs::{CID_ANY, HOST_CID, QUEUE_COUNT};

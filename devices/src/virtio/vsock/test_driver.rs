@@ -465,6 +465,14 @@ impl Guest {
             .collect()
     }
 
+    /// A host client handed to the device through its [`super::Dialer`].
+    pub fn dialed_client(&mut self) -> UnixStream {
+        let s = self.handler().dialer().unwrap().dial().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        self.pump();
+        s
+    }
+
     /// A host client connected to the device's Unix socket.
     pub fn client(&mut self) -> UnixStream {
         let s = UnixStream::connect_addr(&self.addr).unwrap();

@@ -38,7 +38,7 @@ fn under_filter(kind: ThreadKind, probe: impl FnOnce() -> i32) -> i32 {
 }
 
 #[test]
-fn the_vmm_thread_may_kill_only_the_helpers_groups_and_sessions_make_only_unix_sockets() {
+fn the_vmm_thread_may_kill_only_the_helpers_groups() {
     // A group that cannot exist (above the kernel's PID maximum): the
     // allowed call then fails with ESRCH instead of killing anything.
     const HELPER: libc::pid_t = 9_999_999;
@@ -75,17 +75,48 @@ fn the_vmm_thread_may_kill_only_the_helpers_groups_and_sessions_make_only_unix_s
             "kill({target}, {sig}) was let through: {status:#x}"
         );
     }
-    let unix = under_filter(ThreadKind::Session, || unsafe {
-        (libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0) as i32
+}
+
+#[test]
+fn the_session_thread_makes_socket_pairs_only_and_never_connects() {
+    let sigsys = |status: i32| libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS;
+    // The positive control: a Unix socket pair (what vsock::Dialer makes)
+    // is let through.
+    // SAFETY (each probe): plain system calls in the forked child.
+    let pair = under_filter(ThreadKind::Session, || unsafe {
+        let mut fds = [0i32; 2];
+        (libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()) < 0) as i32
     });
     assert!(
-        libc::WIFEXITED(unix) && libc::WEXITSTATUS(unix) == 0,
-        "{unix:#x}"
+        libc::WIFEXITED(pair) && libc::WEXITSTATUS(pair) == 0,
+        "a Unix socket pair was refused: {pair:#x}"
     );
-    let inet = under_filter(ThreadKind::Session, || unsafe {
-        libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0)
+    let inet_pair = under_filter(ThreadKind::Session, || unsafe {
+        let mut fds = [0i32; 2];
+        libc::socketpair(libc::AF_INET, libc::SOCK_STREAM, 0, fds.as_mut_ptr())
     });
-    assert!(sigsys(inet), "an AF_INET socket was let through: {inet:#x}");
+    assert!(
+        sigsys(inet_pair),
+        "an AF_INET pair was let through: {inet_pair:#x}"
+    );
+    // No socket of any family: a new socket could connect to any Unix
+    // socket of the user's (a D-Bus, an ssh-agent).
+    for family in [libc::AF_UNIX, libc::AF_INET] {
+        let made = under_filter(ThreadKind::Session, || unsafe {
+            libc::socket(family, libc::SOCK_STREAM, 0)
+        });
+        assert!(sigsys(made), "socket({family}) was let through: {made:#x}");
+    }
+    // And no connect, even on an fd it already has.
+    let connected = under_filter(ThreadKind::Session, || unsafe {
+        let addr: libc::sockaddr_un = std::mem::zeroed();
+        libc::connect(
+            0,
+            std::ptr::addr_of!(addr).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        )
+    });
+    assert!(sigsys(connected), "connect was let through: {connected:#x}");
 }
 
 #[test]
