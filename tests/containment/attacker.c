@@ -13,6 +13,9 @@
  *   attacker vsock CID PORT      vsock stream connect
  *   attacker eat                 allocate and touch memory until killed
  *   attacker reboot              reboot(2) with RB_AUTOBOOT, no init involved
+ *   attacker port VALUE [enable] write VALUE as the exit status to the VMM's
+ *                                status port (0x444), with `enable` first
+ *                                asking for the port with ioperm(2)
  *   attacker hijack MODE         take the guest agent's vsock connection to
  *                                the host out of PID 1 (pidfd_getfd, as a
  *                                guest root that owns the guest could),
@@ -32,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/io.h>
 #include <sys/ptrace.h>
 #include <sys/reboot.h>
 #include <sys/socket.h>
@@ -49,7 +53,7 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: attacker id | inet ADDR PORT | listen PORT | "
-                    "vsock CID PORT | eat | reboot | hijack MODE\n");
+                    "vsock CID PORT | eat | reboot | port VALUE [enable] | hijack MODE\n");
     return 2;
 }
 
@@ -306,6 +310,23 @@ static int cmd_reboot(void)
     return 0;
 }
 
+/* The status port guest-init reports the command's exit on: an `out` to
+ * it without I/O permission faults (SIGSEGV), as it must for every process
+ * but guest-init; with `enable`, ioperm(2) asks for it first (which only a
+ * root with CAP_SYS_RAWIO gets). */
+static int cmd_port(const char *value, int enable)
+{
+    if (enable && ioperm(0x444, 4, 1) != 0) {
+        printf("port: ioperm: %s\n", strerror(errno));
+        return 1;
+    }
+    printf("port: writing %s\n", value);
+    fflush(stdout);
+    outl((unsigned int)strtoul(value, NULL, 10), 0x444);
+    printf("port: wrote\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -319,6 +340,10 @@ int main(int argc, char **argv)
         return cmd_vsock(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "eat") == 0)
         return cmd_eat();
+    if (argc == 3 && strcmp(argv[1], "port") == 0)
+        return cmd_port(argv[2], 0);
+    if (argc == 4 && strcmp(argv[1], "port") == 0 && strcmp(argv[3], "enable") == 0)
+        return cmd_port(argv[2], 1);
     if (argc == 2 && strcmp(argv[1], "reboot") == 0)
         return cmd_reboot();
     if (argc == 3 && strcmp(argv[1], "hijack") == 0)

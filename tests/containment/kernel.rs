@@ -1,13 +1,14 @@
 //! Check 9: a separate kernel. The guest's kernel is another instance
 //! than the host's (boot id, version string, modules), and crashing or
 //! rebooting it ends only that VM, with exit code 121, while the host
-//! keeps its boot and can run the next VM at once.
+//! keeps its boot and can run the next VM at once; and the command cannot
+//! speak for guest-init on the VMM's status port (9d).
 
 use mvm_e2e::{Options, Run};
 
 use crate::battery::{
-    attack, attack_scripted, attacker, code, excerpt, mvm_says, script, value, Check, Source,
-    Verdict,
+    attack, attack_scripted, attacker, code, control, excerpt, mvm_says, script, value, Check,
+    Source, Verdict,
 };
 
 /// The kernel's identity, as `key=value` lines, on whichever side runs it.
@@ -255,6 +256,75 @@ fn check_9c_a_guest_reboot_ends_only_that_vm() {
             "an unprivileged reboot -f did not fail with EPERM and exit 1 (exit {})",
             user.unwrap_or("?")
         ),
+    );
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_9d_the_command_cannot_forge_its_exit_status_on_the_status_port() {
+    let mut check = Check::new(
+        "9d",
+        "forge the exit status: as the default user, write 42 to the VMM's status port that guest-init reports on (0x444), without asking and after ioperm(2)",
+        "the plain write faults (SIGSEGV, status 139), ioperm is refused (EPERM, status 1), nothing is written, and mvm exits with the command's own status (0), not 42",
+    )
+    .evidence(Source::Guest, "the attacker's lines and the shell's statuses")
+    .evidence(Source::Mvm, "mvm's exit status")
+    .control(
+        Source::Guest,
+        "with --root, ioperm is granted and the same write goes through ('port: wrote'): the probe does tell an open port",
+    );
+    let attacker = attacker();
+    let run = check.run(|| {
+        attack(
+            &Options::default(),
+            &[
+                "--",
+                "sh",
+                "-c",
+                &format!(
+                    "/workspace/{attacker} port 42; echo plain=$?; \
+                     /workspace/{attacker} port 42 enable; echo asked=$?"
+                ),
+            ],
+        )
+    });
+    let root = control(
+        &Options::default(),
+        &[
+            "--root",
+            "--",
+            &format!("/workspace/{attacker}"),
+            "port",
+            "42",
+            "enable",
+        ],
+    );
+    let mut v = Verdict::new();
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let (plain, asked) = (value(&lines, "plain"), value(&lines, "asked"));
+    v.saw(format!(
+        "exit {}; plain write: status {}; after ioperm: status {} ({}); with --root: {}",
+        code(&run),
+        plain.unwrap_or("?"),
+        asked.unwrap_or("?"),
+        lines
+            .iter()
+            .find(|l| l.starts_with("port: ioperm"))
+            .map(|l| excerpt(l, 60))
+            .unwrap_or_default(),
+        excerpt(&root.stdout, 80)
+    ));
+    v.require(run.code == Some(0), "mvm did not exit with the command's 0");
+    v.require(plain == Some("139"), "the plain write did not fault");
+    v.require(
+        asked == Some("1") && run.stdout.contains("Operation not permitted"),
+        "ioperm was not refused with EPERM",
+    );
+    v.require(!run.stdout.contains("port: wrote"), "a write got through");
+    v.require(
+        root.stdout.contains("port: wrote"),
+        "the control: with --root the write did not get through",
     );
     check.finish(v);
 }

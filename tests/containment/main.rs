@@ -19,7 +19,7 @@
 //! | 3c-a to 3c-e secrets as guest root | `secrets` |
 //! | 4 fork bomb, 5 memory bomb, 10 floods, stdin, SIGTERM | `resources` |
 //! | 6 root, capabilities, setuid | `privilege` |
-//! | 9 a separate kernel: identity, panic, reboot | `kernel` |
+//! | 9 a separate kernel: identity, panic, reboot, the status port | `kernel` |
 //! | 11 bad frames to the host | `protocol` |
 
 mod battery;

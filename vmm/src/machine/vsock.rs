@@ -48,6 +48,7 @@ pub fn attach_vsock(
         );
         Ok((device, Box::new(handler)))
     })
+    // A slot attached means the builder above ran and made the dialer.
     .and_then(|_| {
         dialer.ok_or(Error::EventFd(
             "the vsock dialer",
