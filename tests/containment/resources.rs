@@ -76,7 +76,7 @@ const LEFTOVERS: &str = "leftovers | sed 's/^/left behind: /'";
 fn check_4_a_fork_bomb_stays_in_the_guest() {
     let mut check = Check::new(
         "4",
-        "fork bomb (bomb() { bomb & bomb & read -t 600 x; }, busybox ash on --image none) as the default user, whose process limit is --max-procs' default 4096, counting the guest's processes until they near it; the host's process count sampled every 0.2 s; then the next mvm run on the same host",
+        "fork bomb (bomb() { bomb & bomb & read -t 600 x; }, busybox ash on --image none, at nice 19) as the default user, whose process limit is --max-procs' default 4096, counting the guest's processes until they near it; the host's process count sampled every 0.2 s; then the next mvm run on the same host",
         "the guest fills up to its process limit (control: at least 3500 processes); the host count grows only by mvm and its helpers; mvm returns the command's status (0); the next run works",
     )
     .evidence(Source::Host, "the test host's process count sampled every 0.2 s, and the next mvm run there (setup and after scripts)")
@@ -95,13 +95,15 @@ echo "next_status=$? $(cat /run/tmp/next.out)"
     // that never delivers), so the processes stay and the tree grows to
     // the user's process limit, where forks fail; blocked, they leave the
     // CPU to the counting loop. Everything after the bomb starts is a
-    // shell builtin: the limit leaves no fork for `sleep` or `ls`.
+    // shell builtin: the limit leaves no fork for `sleep` or `ls`. The
+    // bomb runs at nice 19: the hundreds of shells still forking would
+    // otherwise starve the counting loop on a slow test host (its second
+    // count never came within 80 s there); the bomb is no smaller for it.
     let bomb = r#"
 mkfifo /tmp/never && exec 3<>/tmp/never
-bomb() { bomb & bomb & read -t 600 x <&3; }
-bomb 2>/dev/null &
+sh -c 'renice -n 19 -p $$ >/dev/null; bomb() { bomb & bomb & read -t 600 x <&3; }; bomb' 2>/dev/null &
 i=0
-while [ $i -lt 30 ]; do
+while [ $i -lt 90 ]; do
     read -t 2 x <&3
     set -- /proc/[0-9]*
     echo "guest_procs=$#"
@@ -114,11 +116,27 @@ exit 0
     // On the busybox root: its ash has `read -t` (Debian's dash has not,
     // and without it the bombs would not block but exit), and its small
     // processes reach the limit before guest memory runs out.
+    // Up to 180 s of counting: in the slowest test hosts seen the bomb
+    // took over a minute to near the limit; the test host gets time for
+    // that, the setup and the next run.
     let run = check.run(|| {
-        attack_scripted(
-            &setup,
-            &after,
-            &["--timeout", "80", "--image", "none", "--", "sh", "-c", bomb],
+        attack(
+            &Options {
+                setup: Some(&setup),
+                after: Some(&after),
+                testhost_timeout: Some(300),
+                ..Options::default()
+            },
+            &[
+                "--timeout",
+                "200",
+                "--image",
+                "none",
+                "--",
+                "sh",
+                "-c",
+                bomb,
+            ],
         )
     });
     let mut v = Verdict::new();
