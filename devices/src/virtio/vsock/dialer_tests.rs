@@ -2,21 +2,28 @@
 //! protocol as a client of the Unix socket, with no `connect`.
 
 use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 
 use super::defs::*;
 use super::test_driver::{read_line, Guest, Hdr};
 
 const GUEST_PORT: u32 = 1024;
 
-#[test]
-fn a_dialed_client_reaches_the_guest_and_back() {
-    let mut g = Guest::new();
+/// A dialled client asks for GUEST_PORT; the request the guest got.
+fn dial(g: &mut Guest) -> (UnixStream, Hdr) {
     let mut c = g.dialed_client();
     c.write_all(b"CONNECT 1024\n").unwrap();
     g.pump();
     g.give_rx(1, 4096);
     let req = g.recv().pop().expect("the guest got no OP_REQUEST").hdr;
     assert_eq!((req.op, req.dst_port), (OP_REQUEST, GUEST_PORT));
+    (c, req)
+}
+
+#[test]
+fn a_dialed_client_reaches_the_guest_and_back() {
+    let mut g = Guest::new();
+    let (mut c, req) = dial(&mut g);
     let mut resp = Hdr::from_guest(GUEST_PORT, req.src_port, OP_RESPONSE);
     resp.buf_alloc = 4096;
     g.send(resp, &[]);
@@ -37,11 +44,7 @@ fn a_dialed_client_reaches_the_guest_and_back() {
 #[test]
 fn a_dialed_client_the_guest_refuses_reads_eof() {
     let mut g = Guest::new();
-    let mut c = g.dialed_client();
-    c.write_all(b"CONNECT 1024\n").unwrap();
-    g.pump();
-    g.give_rx(1, 4096);
-    let req = g.recv().pop().expect("the guest got no OP_REQUEST").hdr;
+    let (mut c, req) = dial(&mut g);
     g.send(Hdr::from_guest(GUEST_PORT, req.src_port, OP_RST), &[]);
     let mut buf = [0u8; 16];
     assert_eq!(c.read(&mut buf).unwrap(), 0, "the refused client is closed");
