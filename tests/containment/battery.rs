@@ -297,7 +297,20 @@ pub fn attack(options: &Options, args: &[&str]) -> Run {
     let mut full: Vec<&str> = vec!["run"];
     full.extend(extra.iter().map(String::as_str));
     full.extend_from_slice(args);
-    mvm_with(options, &full)
+    mvm_with(&with_battery_limit(options), &full)
+}
+
+/// The test-host limit of a battery call that sets none: attacks run long
+/// on a slow test host (a search of every file, a memory or fork bomb
+/// under nested TCG took 70-100 s on the slowest seen, past the harness's
+/// 90 s), so only a call that really hangs should meet it.
+const BATTERY_TESTHOST_TIMEOUT: u32 = 240;
+
+fn with_battery_limit<'a>(options: &Options<'a>) -> Options<'a> {
+    Options {
+        testhost_timeout: options.testhost_timeout.or(Some(BATTERY_TESTHOST_TIMEOUT)),
+        ..*options
+    }
 }
 
 /// [`attack`] with a setup and an after script on the host, the common case.
@@ -316,7 +329,7 @@ pub fn attack_scripted(setup: &str, after: &str, args: &[&str]) -> Run {
 pub fn control(options: &Options, args: &[&str]) -> Run {
     let mut full = vec!["run"];
     full.extend_from_slice(args);
-    mvm_with(options, &full)
+    mvm_with(&with_battery_limit(options), &full)
 }
 
 /// Shell for setup and after scripts: `$MVM` is the mvm binary where the
