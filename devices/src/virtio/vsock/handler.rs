@@ -1,7 +1,8 @@
 //! The event-loop half of the vsock device: a `MutEventSubscriber` the VMM's
 //! event loop thread runs. It watches the three queue eventfds, the wakeup
 //! the device half writes at activate and reset (and a [`Dialer`] after
-//! handing over a client), the listening Unix socket and every client socket, and after each event serves the queues: guest
+//! handing over a client), the listening Unix socket and every client
+//! socket, and after each event serves the queues: guest
 //! packets from TX first (they carry credit and responses), then as many
 //! packets for the guest as it has RX buffers for.
 
