@@ -108,20 +108,20 @@ unit:
 # Fuzzing: each target in fuzz/ (a hostile guest driver against the
 # virtio-mmio transport, the block and the vsock device; hostile bytes
 # against the exec channel's decoders and guest-init's command line) for
-# MVM_FUZZ_SECONDS (60) on the stable toolchain, its corpus growing under
+# MVM_FUZZ_SECONDS (30) on the stable toolchain, its corpus growing under
 # $(MVM_CACHE)/fuzz across runs (docs/testing.md, "Fuzzing").
 fuzz: build/.deps
 	scripts/fuzz.sh
 
 # End-to-end: the real binary, kernel and initramfs, through the test host.
-# Every suite boots cold; then the exec and workspace suites run again
-# through templates (MVM_E2E_TEMPLATES=1: kept in target/e2e-templates
+# Every suite boots cold; then the exec suite runs again through
+# templates (MVM_E2E_TEMPLATES=1: kept in target/e2e-templates
 # across test-host calls, so each machine layout's first call saves one
 # and every later call restores it; docs/testing.md).
 e2e: all
 	cargo test --locked -p mvm-e2e -- --ignored --test-threads=1
 	rm -rf target/e2e-templates
-	MVM_E2E_TEMPLATES=1 cargo test --locked -p mvm-e2e --test exec --test workspace -- --ignored --test-threads=1
+	MVM_E2E_TEMPLATES=1 cargo test --locked -p mvm-e2e --test exec -- --ignored --test-threads=1
 
 # Boot and overhead figures next to QEMU -M microvm and bubblewrap
 # (docs/benchmarks.md); not part of `make test`. The peers are bundled

@@ -5,7 +5,7 @@
 #
 #   scripts/fuzz.sh [TARGET...]     default: every target in fuzz/Cargo.toml
 #
-# MVM_FUZZ_SECONDS  seconds per target (default 60)
+# MVM_FUZZ_SECONDS  seconds per target (default 30)
 # MVM_FUZZ_CORPUS   where each target's growing corpus is kept across runs
 #                   (default $MVM_CACHE/fuzz/corpus); fuzz/corpus/TARGET
 #                   holds the seeds committed with the code
@@ -21,7 +21,7 @@
 # (target/fuzz/summary.txt).
 set -eu
 
-seconds=${MVM_FUZZ_SECONDS:-60}
+seconds=${MVM_FUZZ_SECONDS:-30}
 cache=${MVM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mvm}
 corpus_root=${MVM_FUZZ_CORPUS:-$cache/fuzz/corpus}
 triple=$(rustc -vV | sed -n 's/^host: //p')

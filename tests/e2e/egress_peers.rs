@@ -123,11 +123,12 @@ fn curl_python_git_and_pip_reach_real_https_servers_through_the_proxy() {
 }
 
 /// The guest's flood: `N` connection attempts to a denied host, 100 at a
-/// time, each answered (a status) or failed visibly (an error name); then
-/// a 1 GiB upload through a tunnel to the sink, which answers the count.
+/// time (over the vsock device's 64 streams, so some are reset), each
+/// answered (a status) or failed visibly (an error name); then `MIB` MiB
+/// uploaded through a tunnel to the sink, which answers the count.
 const FLOOD: &str = r#"
-import asyncio, collections, socket, time
-N = 10000
+import asyncio, collections, socket, sys, time
+N, MIB = int(sys.argv[1]), int(sys.argv[2])
 seen = collections.Counter()
 async def attempt(sem):
     async with sem:
@@ -153,19 +154,33 @@ while b"\r\n\r\n" not in head:
 print("tunnel:", head.split(b"\r\n")[0].decode(), flush=True)
 block = bytes(1 << 20)
 t = time.monotonic()
-for _ in range(1024):
+for _ in range(MIB):
     s.sendall(block)
 s.shutdown(socket.SHUT_WR)
 count = s.makefile().readline().strip()
 took = time.monotonic() - t
-print(f"upload: {count} bytes in {took:.1f} s ({1024 / took:.1f} MiB/s)", flush=True)
+print(f"upload: {count} bytes in {took:.1f} s ({MIB / took:.1f} MiB/s)", flush=True)
 "#;
+
+/// The flood's size: 2,000 attempts and 256 MiB in `make test`; 10,000 and
+/// 1 GiB (issue 12's figures) with `MVM_E2E_FULL_FLOOD=1`. The full size
+/// trips a livelock of the test host's own kernel (nested SVM under TCG:
+/// QEMU busy, the test host silent) in about two runs of three
+/// (docs/testing.md, "Known test-host hangs"); what is asserted is the same.
+fn flood_size() -> (u32, u64) {
+    if std::env::var_os("MVM_E2E_FULL_FLOOD").is_some_and(|v| v == "1") {
+        (10_000, 1024)
+    } else {
+        (2_000, 256)
+    }
+}
 
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
-fn a_flood_and_a_gigabyte_upload_leave_the_proxy_bounded() {
+fn a_flood_and_a_large_upload_leave_the_proxy_bounded() {
+    let (attempts, mib) = flood_size();
     let script = format!(
-        "python3 -c '{}'; echo \"after: $(curl -sS --cacert /peers/ca.pem https://secure.test:8443/index.html 2>&1)\"",
+        "python3 -c '{}' {attempts} {mib}; echo \"after: $(curl -sS --cacert /peers/ca.pem https://secure.test:8443/index.html 2>&1)\"",
         FLOOD.replace('\'', "'\\''")
     );
     let r = run(
@@ -187,7 +202,7 @@ fn a_flood_and_a_gigabyte_upload_leave_the_proxy_bounded() {
         .collect();
     assert_eq!(
         counts.values().sum::<u64>(),
-        10000,
+        u64::from(attempts),
         "every attempt ended: {flood}"
     );
     let refused = counts.get("403").copied().unwrap_or(0);
@@ -198,7 +213,7 @@ fn a_flood_and_a_gigabyte_upload_leave_the_proxy_bounded() {
         "{out}"
     );
     assert!(
-        field(out, "upload").starts_with("1073741824 bytes"),
+        field(out, "upload").starts_with(&format!("{} bytes", mib << 20)),
         "the sink got every byte: {out}"
     );
     assert_eq!(
