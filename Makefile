@@ -100,6 +100,7 @@ lint:
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cd fuzz && cargo fmt -- --check
 	cd fuzz && CARGO_TARGET_DIR=../target/fuzz-lint cargo clippy --locked --all-targets -- -D warnings
+	python3 tests/containment/report.py --check-ids tests/containment
 
 # Unit tests (no KVM) and the tiny-guest tests (this machine's /dev/kvm).
 unit:

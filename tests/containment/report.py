@@ -4,6 +4,12 @@ in tests/containment/) to a Markdown table, printed and written to OUTPUT
 with the environment it ran in and the date.
 
     report.py ROWS.jsonl OUTPUT.md [RED.jsonl RED.txt]
+    report.py --check-ids DIR     (make lint)
+
+The second form runs nothing: it holds EXPECTED against the check
+functions in DIR's sources (`fn check_<id>_...`; the rows 3c-a..3c-e
+count as check 3c), so that a check added without its id here fails the
+lint, not only a full battery run at the end of `make test`.
 
 Every statement about the rows is made from the rows: where each check's
 evidence comes from and what its control is (each row says both), which
@@ -30,7 +36,7 @@ import sys
 # check deleted or renamed in tests/containment/ shows here as missing.
 EXPECTED = [
     "1", "2", "3", "3b", "3c-a", "3c-b", "3c-c", "3c-d", "3c-e", "4", "5", "6a", "6b", "6c", "6d", "7", "8",
-    "9a", "9b", "9c", "10a", "10b", "10c", "10d", "10e",
+    "9a", "9b", "9c", "9d", "10a", "10b", "10c", "10d", "10e",
     "11a", "11b", "11c", "11d", "11e",
 ]
 
@@ -253,7 +259,27 @@ def read_rows(path):
     return rows
 
 
+def check_ids(src_dir):
+    """EXPECTED against the check functions in src_dir: 0 when they agree."""
+    found = set()
+    for name in sorted(os.listdir(src_dir)):
+        if name.endswith(".rs"):
+            with open(os.path.join(src_dir, name), encoding="utf-8") as f:
+                found |= set(re.findall(r"\bfn check_([0-9]+[a-z]?)_", f.read()))
+    expected = {i.split("-")[0] for i in EXPECTED}
+    problems = []
+    if found - expected:
+        problems.append(f"checks not in EXPECTED: {', '.join(sorted(found - expected))}")
+    if expected - found:
+        problems.append(f"EXPECTED ids with no check: {', '.join(sorted(expected - found))}")
+    for p in problems:
+        print(f"report.py: {p} ({src_dir})", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv):
+    if len(argv) == 3 and argv[1] == "--check-ids":
+        return check_ids(argv[2])
     if len(argv) not in (3, 5):
         print(__doc__, file=sys.stderr)
         return 2
