@@ -165,7 +165,7 @@ print(f"upload: {count} bytes in {took:.1f} s ({MIB / took:.1f} MiB/s)", flush=T
 /// The flood's size: 2,000 attempts and 256 MiB in `make test`; 10,000 and
 /// 1 GiB (issue 12's figures) with `MVM_E2E_FULL_FLOOD=1`. The full size
 /// trips a livelock of the test host's own kernel (nested SVM under TCG:
-/// QEMU busy, the test host silent) in about two runs of three
+/// QEMU busy, the test host silent) in 6 of 8 calls here
 /// (docs/testing.md, "Known test-host hangs"); what is asserted is the same.
 fn flood_size() -> (u32, u64) {
     if std::env::var_os("MVM_E2E_FULL_FLOOD").is_some_and(|v| v == "1") {
