@@ -73,7 +73,7 @@ fn guest_handshake(bytes: &[u8]) {
     if handshake::hello(&mut stream).is_err() {
         return;
     }
-    if let Ok(exec) = handshake::read_exec(&mut stream) {
+    if let Ok(handshake::Asked::Exec(exec)) = handshake::read_exec(&mut stream) {
         let _ = request::prepare(&exec);
     }
 }

@@ -19,6 +19,7 @@ pub enum Kind {
     StdinEof = 4,
     Signal = 5,
     Resize = 6,
+    Shutdown = 7,
     Stdout = 17,
     Stderr = 18,
     Exit = 19,
@@ -27,13 +28,14 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Hello,
         Kind::Exec,
         Kind::Stdin,
         Kind::StdinEof,
         Kind::Signal,
         Kind::Resize,
+        Kind::Shutdown,
         Kind::Stdout,
         Kind::Stderr,
         Kind::Exit,
@@ -118,6 +120,12 @@ pub struct ExecRequest {
     /// anything else of this request: sent with a run's first command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<Box<crate::setup::Setup>>,
+    /// A named sandbox's first request: the machine outlives this command
+    /// and the agent goes on serving connections, one command each, until
+    /// a `Shutdown` (or a power request inside the guest). Only on the
+    /// request that carries `setup`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_serving: bool,
 }
 
 impl ExecRequest {
@@ -138,6 +146,7 @@ impl ExecRequest {
             user: None,
             egress: false,
             setup: None,
+            keep_serving: false,
         }
     }
 }
@@ -207,6 +216,9 @@ pub enum Message {
     Signal(Signal),
     /// Host -> guest: the terminal was resized.
     Resize(Resize),
+    /// Host -> guest, instead of `Exec`: end the machine (every command
+    /// is stopped, filesystems synced, the guest powers off).
+    Shutdown,
     /// Guest -> host: bytes the command wrote to stdout (at most `MAX_DATA`).
     Stdout(Vec<u8>),
     /// Guest -> host: bytes the command wrote to stderr (at most `MAX_DATA`).
@@ -226,6 +238,7 @@ impl Message {
             Message::StdinEof => Kind::StdinEof,
             Message::Signal(_) => Kind::Signal,
             Message::Resize(_) => Kind::Resize,
+            Message::Shutdown => Kind::Shutdown,
             Message::Stdout(_) => Kind::Stdout,
             Message::Stderr(_) => Kind::Stderr,
             Message::Exit(_) => Kind::Exit,
@@ -252,7 +265,7 @@ impl Message {
                 check_data(kind, data.len())?;
                 Ok(Cow::Borrowed(data))
             }
-            Message::StdinEof => Ok(Cow::Borrowed(&[])),
+            Message::StdinEof | Message::Shutdown => Ok(Cow::Borrowed(&[])),
         }
     }
 
@@ -277,7 +290,8 @@ impl Message {
                 }
             }
             Kind::StdinEof if payload.is_empty() => Message::StdinEof,
-            Kind::StdinEof => {
+            Kind::Shutdown if payload.is_empty() => Message::Shutdown,
+            Kind::StdinEof | Kind::Shutdown => {
                 return Err(MessageError::UnexpectedPayload {
                     kind,
                     len: payload.len(),
@@ -302,11 +316,11 @@ mod tests {
     #[test]
     fn kind_bytes_are_the_documented_ones() {
         let bytes: Vec<u8> = Kind::ALL.iter().map(|k| k.byte()).collect();
-        assert_eq!(bytes, [1, 2, 3, 4, 5, 6, 17, 18, 19, 20]);
+        assert_eq!(bytes, [1, 2, 3, 4, 5, 6, 7, 17, 18, 19, 20]);
         for kind in Kind::ALL {
             assert_eq!(Kind::from_byte(kind.byte()), Some(kind));
         }
-        for byte in [0, 7, 16, 21, 255] {
+        for byte in [0, 8, 16, 21, 255] {
             assert_eq!(Kind::from_byte(byte), None);
         }
     }
@@ -347,6 +361,7 @@ mod tests {
             user: None,
             egress: false,
             setup: None,
+            keep_serving: false,
         };
         assert_eq!(
             text(Message::Exec(exec)),
@@ -387,6 +402,10 @@ mod tests {
         ));
         assert!(matches!(
             Message::decode(Kind::StdinEof.byte(), b"x"),
+            Err(MessageError::UnexpectedPayload { len: 1, .. })
+        ));
+        assert!(matches!(
+            Message::decode(Kind::Shutdown.byte(), b"x"),
             Err(MessageError::UnexpectedPayload { len: 1, .. })
         ));
         assert!(matches!(

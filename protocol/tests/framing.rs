@@ -25,10 +25,12 @@ fn every_message() -> Vec<Message> {
             user: None,
             egress: false,
             setup: None,
+            keep_serving: true,
         }),
         Message::Stdin(b"line\n\0\xff".to_vec()),
         Message::Stdin(Vec::new()),
         Message::StdinEof,
+        Message::Shutdown,
         Message::Signal(Signal { signal: 2 }),
         Message::Resize(Resize {
             rows: u16::MAX,

@@ -51,6 +51,50 @@ pub enum Command {
         #[arg(last = true, value_name = "CMD")]
         argv: Vec<String>,
     },
+    /// Create a named sandbox and start it: a microVM that outlives each
+    /// command (run them with `mvm exec`), with the options of `mvm run`
+    /// (its image, shares, size and egress; --env, --workdir, --root and
+    /// --user become every exec's defaults). docs/sandboxes.md
+    Create {
+        /// The sandbox's name: 1 to 63 of a-z, 0-9, '.', '_', '-'
+        name: String,
+        #[command(flatten)]
+        options: front::sandbox::CreateArgs,
+    },
+    /// Run CMD in a running sandbox and exit with its status
+    Exec {
+        name: String,
+        #[command(flatten)]
+        args: front::command_args::CommandArgs,
+        /// The command and its arguments, after `--`
+        #[arg(last = true, value_name = "CMD")]
+        argv: Vec<String>,
+    },
+    /// List your sandboxes: name, state (running, starting, stopped, dead),
+    /// image, uptime, size, pid, shares and egress policy
+    Ls {
+        #[command(flatten)]
+        args: front::sandbox::LsArgs,
+    },
+    /// Stop a sandbox: its commands get SIGTERM and the guest powers off;
+    /// after a grace period the machine is stopped
+    Stop { name: String },
+    /// Start a stopped (or dead) sandbox again, with the options it was
+    /// created with (its shares are checked again)
+    Start { name: String },
+    /// Remove a sandbox and every file of it (-f: stop it first)
+    Rm {
+        name: String,
+        #[command(flatten)]
+        args: front::sandbox::RmArgs,
+    },
+    /// Print a sandbox's logs: the guest console, the egress audit log and
+    /// its supervisor's messages
+    Logs { name: String },
+    /// A sandbox's supervisor, started by create and start (not for
+    /// direct use)
+    #[command(name = "__supervise", hide = true)]
+    Supervise { name: String },
     /// Manage the image store: OCI images imported for `mvm run --image`
     /// (docs/images.md)
     Image {
@@ -70,6 +114,18 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
     match cli.command {
         Command::Boot { vm, snapshot } => front::boot::boot(&vm, &snapshot, started),
         Command::Run { vm, run, argv } => front::run::run(&vm, &run, argv, started),
+        Command::Create { name, options } => {
+            // The words after `create`, kept for `start` to parse again.
+            let words = std::env::args().skip(2).collect();
+            front::sandbox::create(&name, &options, words)
+        }
+        Command::Exec { name, args, argv } => front::sandbox::exec(&name, &args, argv),
+        Command::Ls { args } => front::sandbox::ls(&args),
+        Command::Stop { name } => front::sandbox::stop(&name),
+        Command::Start { name } => front::sandbox::start(&name),
+        Command::Rm { name, args } => front::sandbox::rm(&name, &args),
+        Command::Logs { name } => front::sandbox::logs(&name),
+        Command::Supervise { name } => front::sandbox::supervise(&name),
         Command::Image { command } => front::image::command(&command),
         Command::Snapshot { command } => front::snapshot_cmd::command(&command),
     }

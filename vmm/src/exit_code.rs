@@ -26,7 +26,8 @@ pub const NOT_FOUND: i32 = 127;
 /// The table printed at the end of `mvm --help`.
 pub const HELP: &str = "\
 Exit status:
-  N     mvm run: the command's own exit status (128+N if killed by signal N)
+  N     mvm run, mvm exec: the command's own exit status (128+N if killed
+        by signal N)
   0     mvm boot: the guest powered off or rebooted cleanly
   121   the guest crashed: kernel panic, oops, or an unexpected reboot
   122   KVM is unavailable: no /dev/kvm, or no permission to open it

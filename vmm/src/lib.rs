@@ -19,6 +19,7 @@ pub mod front;
 pub mod helper_log;
 pub mod helper_process;
 pub mod machine;
+pub mod sandboxes;
 pub mod session;
 pub mod shares;
 pub mod timeline;

@@ -384,6 +384,7 @@ mod tests {
             user: None,
             egress: false,
             setup: None,
+            keep_serving: false,
         })
         .unwrap()
     }

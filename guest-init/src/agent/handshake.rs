@@ -1,4 +1,5 @@
-//! The start of a connection: the `Hello` exchange, then the one `Exec`.
+//! The start of a connection: the `Hello` exchange, then the one `Exec`
+//! (or a named sandbox's `Shutdown`).
 //! Generic over the stream, so it is unit-tested on the host with an
 //! in-memory one; the agent runs it on the blocking vsock connection.
 
@@ -42,11 +43,20 @@ pub fn hello<S: Read + Write>(stream: &mut S) -> Result<(), HandshakeError> {
     }
 }
 
-/// Reads the `Exec` request that follows the hello. Reads exactly its
-/// frame, so stdin the host sent right after it stays in the stream.
-pub fn read_exec<S: Read>(stream: &mut S) -> Result<ExecRequest, HandshakeError> {
+/// What the host asks for after the hello.
+#[derive(Debug, PartialEq)]
+pub enum Asked {
+    Exec(ExecRequest),
+    Shutdown,
+}
+
+/// Reads the `Exec` request (or `Shutdown`) that follows the hello. Reads
+/// exactly its frame, so stdin the host sent right after it stays in the
+/// stream.
+pub fn read_exec<S: Read>(stream: &mut S) -> Result<Asked, HandshakeError> {
     match expect(FrameReader::new(stream).read_message(), Kind::Exec)? {
-        Message::Exec(request) => Ok(request),
+        Message::Exec(request) => Ok(Asked::Exec(request)),
+        Message::Shutdown => Ok(Asked::Shutdown),
         other => Err(unexpected(Kind::Exec, &other)),
     }
 }
@@ -123,10 +133,17 @@ mod tests {
             Message::StdinEof,
         ]);
         hello(&mut s).unwrap();
-        assert_eq!(read_exec(&mut s).unwrap(), exec());
+        assert_eq!(read_exec(&mut s).unwrap(), Asked::Exec(exec()));
         assert_eq!(s.answers(), [Message::Hello(Hello::current())]);
         let mut rest = FrameReader::new(&mut s);
         assert_eq!(rest.read_message().unwrap(), Some(Message::StdinEof));
+    }
+
+    #[test]
+    fn shutdown_takes_the_place_of_exec() {
+        let mut s = Duplex::new(&[Message::Hello(Hello::current()), Message::Shutdown]);
+        hello(&mut s).unwrap();
+        assert_eq!(read_exec(&mut s).unwrap(), Asked::Shutdown);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The exec agent (`mvm.agent=1`): instead of running `mvm.cmd`, PID 1
-//! serves one connection of the exec channel (docs/protocol.md, version 1)
-//! on vsock port `AGENT_PORT`: hello, one `Exec`, the relay until the
-//! command's `Exit`, and returns the status to report on the status port.
+//! serves the exec channel (docs/protocol.md, version 1) on vsock port
+//! `AGENT_PORT`. For `mvm run`, one connection: hello, one `Exec`, the
+//! relay until the command's `Exit`, and the status to report on the
+//! status port. For a named sandbox (an `Exec` with `keep_serving`), one
+//! connection per command for as long as the host wants (`sandbox.rs`).
 //!
 //! The sequence here is guest-only (PID 1, AF_VSOCK); the pieces with logic
 //! of their own are unit-tested in their modules, and `tests/relay.rs` runs
@@ -18,6 +20,7 @@ pub mod pty;
 pub mod queue;
 pub mod relay;
 pub mod request;
+mod sandbox;
 pub mod setup;
 pub mod signals;
 pub mod vsock;
@@ -28,6 +31,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use mvm_protocol::{ErrorReport, ExecRequest, Message, AGENT_PORT};
 
 use self::fd::FdStream;
+use self::handshake::Asked;
 use self::relay::{Relay, RelayError};
 use crate::say;
 use crate::status::{HOST_GONE, INIT_FAILURE};
@@ -42,18 +46,35 @@ pub enum AgentError {
     Accept(#[source] io::Error),
 }
 
-/// Serves the one connection; returns the status for the status port.
+/// Serves the first connection, and with `keep_serving` every later one;
+/// returns the status for the status port.
 pub fn run() -> Result<u32, AgentError> {
     let listener = vsock::listen(AGENT_PORT).map_err(AgentError::Listen)?;
     let conn = vsock::accept(listener.as_fd()).map_err(AgentError::Accept)?;
-    // One connection per boot: closing the listener refuses any other.
-    drop(listener);
-    Ok(serve(conn))
+    let (conn, asked) = match greet(conn) {
+        Ok(greeted) => greeted,
+        Err(status) => return Ok(status),
+    };
+    match asked {
+        Asked::Exec(request) if request.keep_serving => Ok(sandbox::serve(listener, conn, request)),
+        Asked::Exec(request) => {
+            // One command per boot: closing the listener refuses any other.
+            drop(listener);
+            if let Err(message) = prepare_machine(&request) {
+                return Ok(fail(conn, message));
+            }
+            Ok(run_command(conn, &request))
+        }
+        Asked::Shutdown => {
+            finish::close(conn.as_fd());
+            Ok(0)
+        }
+    }
 }
 
-/// Everything after accept. Never fails: from here on, every problem is
-/// told to the host (when it is still there) and becomes a status.
-fn serve(conn: OwnedFd) -> u32 {
+/// The hello and the request. Never fails: a problem is told to the host
+/// (when it is still there) and becomes the status returned as `Err`.
+fn greet(conn: OwnedFd) -> Result<(OwnedFd, Asked), u32> {
     let mut stream = FdStream(conn);
     if let Err(err) = handshake::hello(&mut stream) {
         say!("exec agent: {err}");
@@ -64,30 +85,37 @@ fn serve(conn: OwnedFd) -> u32 {
             let _ = message.encode(&mut stream);
         }
         finish::close(stream.0.as_fd());
-        return INIT_FAILURE;
+        return Err(INIT_FAILURE);
     }
-    let request = match handshake::read_exec(&mut stream) {
-        Ok(request) => request,
-        Err(err) => {
-            say!("exec agent: {err}");
-            return finish::fail(stream.0, err.to_string(), INIT_FAILURE as u8);
-        }
-    };
-    execute(stream.0, &request)
+    match handshake::read_exec(&mut stream) {
+        Ok(asked) => Ok((stream.0, asked)),
+        Err(err) => Err(fail(stream.0, err.to_string())),
+    }
 }
 
-/// Runs the request to its end; returns the status for the status port.
-fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
-    let fail = |conn, message: String| {
-        say!("exec agent: {message}");
-        finish::fail(conn, message, INIT_FAILURE as u8)
-    };
-    // The root and shares first: the rest of the request lives in them.
+/// Says `message` on the console and to the host; status 125.
+fn fail(conn: OwnedFd, message: String) -> u32 {
+    say!("exec agent: {message}");
+    finish::fail(conn, message, INIT_FAILURE as u8)
+}
+
+/// What the machine needs once, before its first command: the root and
+/// shares (the rest of a request lives in them), and the egress forwarder
+/// (before the command, so that its proxy is there from its first step).
+fn prepare_machine(request: &ExecRequest) -> Result<(), String> {
     if let Some(setup) = &request.setup {
-        if let Err(err) = setup::apply(setup) {
-            return fail(conn, format!("cannot set up the machine: {err}"));
-        }
+        setup::apply(setup).map_err(|err| format!("cannot set up the machine: {err}"))?;
     }
+    if request.egress {
+        crate::forwarder::start()
+            .map_err(|err| format!("cannot start the egress forwarder: {err}"))?;
+    }
+    Ok(())
+}
+
+/// Runs the request's command to its end; returns the status for the
+/// status port.
+fn run_command(conn: OwnedFd, request: &ExecRequest) -> u32 {
     let mut prepared = match request::prepare(request) {
         Ok(prepared) => prepared,
         Err(err) => return fail(conn, format!("bad exec request: {err}")),
@@ -95,12 +123,6 @@ fn execute(conn: OwnedFd, request: &ExecRequest) -> u32 {
     // The root's users: --user looked up, the caller given an entry.
     if let Err(err) = account::apply(request, &mut prepared) {
         return fail(conn, err);
-    }
-    // Before the command, so that its proxy is there from its first step.
-    if request.egress {
-        if let Err(err) = crate::forwarder::start() {
-            return fail(conn, format!("cannot start the egress forwarder: {err}"));
-        }
     }
     if prepared.tty {
         // A failure shows up as the pty failing to open, with its reason.

@@ -5,12 +5,15 @@
 //! `cli` parses and calls in here; nothing here reaches back up.
 
 pub mod boot;
+pub mod command_args;
 pub mod egress;
 mod failure;
 pub mod image;
+mod launch;
 mod request;
 mod root_file;
 pub mod run;
+pub mod sandbox;
 mod secrets;
 pub mod snapshot_cmd;
 mod stats;

@@ -109,7 +109,7 @@ pub(super) fn exec_request(
     image: Option<&ImageConfig>,
 ) -> Result<ExecRequest, Failure> {
     let mut env = image.map(super::image::env).unwrap_or_default();
-    for item in &args.env {
+    for item in &args.command.env {
         match item.split_once('=') {
             Some((key, value)) if !key.is_empty() => env.push((key.to_string(), value.to_string())),
             _ => return Err(setup_failure(format!("--env '{item}' is not KEY=VALUE"))),
@@ -123,32 +123,37 @@ pub(super) fn exec_request(
         (false, Some(dir)) => dir,
         (false, None) => "/",
     };
-    let workdir = args.workdir.as_deref().unwrap_or(default_workdir);
+    let workdir = args.command.workdir.as_deref().unwrap_or(default_workdir);
     if !workdir.starts_with('/') {
         return Err(setup_failure(format!(
             "--workdir '{workdir}' must be an absolute path in the guest"
         )));
     }
     let (uid, gid) = guest_identity(
-        args.root,
+        args.command.root,
         session::dir::current_uid(),
         session::dir::current_gid(),
     );
-    let (rows, cols) = if args.tty { terminal::size() } else { (0, 0) };
+    let (rows, cols) = if args.command.tty {
+        terminal::size()
+    } else {
+        (0, 0)
+    };
     Ok(ExecRequest {
         argv,
         env,
         cwd: workdir.to_string(),
         uid,
         gid,
-        tty: args.tty,
+        tty: args.command.tty,
         rows,
         cols,
         max_procs: args.max_procs,
         user_name: (image_root && uid != 0).then(login_name),
-        user: args.user.clone(),
+        user: args.command.user.clone(),
         egress: false,
         setup: None,
+        keep_serving: false,
     })
 }
 

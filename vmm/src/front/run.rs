@@ -4,54 +4,37 @@
 //! ended to one exit code.
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use mvm_protocol::{boot::agent_param, ExecRequest, GUEST_CID};
+use mvm_protocol::boot::agent_param;
 
-use super::request::{exec_request, machine_setup, root_disk};
-use super::template::{self, Plan};
+use super::command_args::CommandArgs;
+use super::launch::{launch, Launched, Spec, Templates};
+use super::request::{exec_request, root_disk};
 use super::template_save::save_template;
 use super::{
-    beside_binary, confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure,
-    vmm_failure, Failure, VmArgs, BASE_CMDLINE,
+    outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure, Failure, VmArgs,
+    BASE_CMDLINE,
 };
-use crate::config::{FsShare, VmConfig, VsockConfig};
-use crate::console::{Capped, ConsoleOutput};
+use crate::config::VmConfig;
 use crate::exit_code;
-use crate::machine::{boot, Outcome};
+use crate::machine::Outcome;
 use crate::session::{self, signals, terminal, SessionDir};
 use crate::shares::{self, Share};
 use crate::timeline::Timeline;
-use crate::virtiofsd::{self, Virtiofsd};
 use mvm_image::ImageConfig;
-
-/// The console log keeps this much of what the guest prints; a guest that
-/// floods its console cannot fill the host's disk.
-const CONSOLE_LOG_LIMIT: u64 = 4 << 20;
 
 /// Console lines shown when the guest crashed (unless --quiet).
 const CONSOLE_TAIL_LINES: usize = 20;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Forward stdin to the command (otherwise it reads end-of-file)
-    #[arg(short, long)]
-    pub interactive: bool,
-    /// Run the command on a pseudo-terminal in the guest (with -i: an
-    /// interactive shell; the window size follows this terminal)
-    #[arg(short, long)]
-    pub tty: bool,
-    /// Set an environment variable for the command (repeatable)
-    #[arg(short, long = "env", value_name = "KEY=VALUE")]
-    pub env: Vec<String>,
-    /// Working directory of the command in the guest [default: /workspace,
-    /// or / with --no-workspace]
-    #[arg(short, long, value_name = "DIR")]
-    pub workdir: Option<String>,
+    #[command(flatten)]
+    pub command: CommandArgs,
     /// Host directory shared with the guest at /workspace, read-only unless
     /// --write [default: the current directory]
     #[arg(long, value_name = "DIR")]
@@ -77,14 +60,6 @@ pub struct RunArgs {
     /// PATH]
     #[arg(long, value_name = "PATH")]
     pub virtiofsd: Option<PathBuf>,
-    /// Run the command as root in the guest (default: your own uid and gid)
-    #[arg(long, conflicts_with = "user")]
-    pub root: bool,
-    /// Run the command as USER[:GROUP] of the guest's root: names are
-    /// looked up in its /etc/passwd and /etc/group (e.g. an image's own
-    /// user), numbers taken as they are [default: your own uid and gid]
-    #[arg(short, long, value_name = "USER[:GROUP]")]
-    pub user: Option<String>,
     /// Most processes the command's user may have in the guest
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub max_procs: u64,
@@ -143,26 +118,12 @@ pub fn run(
     argv: Vec<String>,
     started: Instant,
 ) -> Result<i32, Failure> {
-    let mut front = Timeline::default();
-    front.mark("arguments parsed");
-    let cmdline = format!("{BASE_CMDLINE} quiet {} {}", agent_param(), vm.cmdline);
-    let mut config = vm.vm_config(cmdline)?;
-    // The shares, then KVM, kernel and initramfs: cheap checks, made
-    // before an image pull or conversion that would be in vain.
-    let shares = plan_shares(run)?;
-    preflight(&config)?;
-    front.mark("shares and kvm checked");
-    // --rootfs names the root itself; `none` is the initramfs alone.
-    let image = match (&run.rootfs, run.image.as_str()) {
-        (Some(_), _) | (None, super::image::NO_IMAGE) => None,
-        (None, reference) => Some(super::image::prepare(reference, &run.insecure_registry)?),
-    };
-    let rootfs = image
-        .as_ref()
-        .map(|i| i.rootfs.clone())
-        .or(run.rootfs.clone());
-    config.root_disk = root_disk(rootfs, run.scratch.as_deref(), config.mem_size)?;
-    let image_config = image.map(|i| i.config);
+    let Machine {
+        config,
+        image: image_config,
+        shares,
+        mut front,
+    } = plan_machine(vm, run)?;
     let argv = match &image_config {
         Some(c) => super::image::argv(c, argv),
         None => argv,
@@ -190,6 +151,43 @@ pub fn run(
     )
 }
 
+/// The machine the options describe, everything checked and the image
+/// ready; what `mvm run` and a sandbox's supervisor both start from.
+pub(super) struct Machine {
+    pub config: VmConfig,
+    pub image: Option<ImageConfig>,
+    pub shares: Vec<Share>,
+    pub front: Timeline,
+}
+
+pub(super) fn plan_machine(vm: &VmArgs, run: &RunArgs) -> Result<Machine, Failure> {
+    let mut front = Timeline::default();
+    front.mark("arguments parsed");
+    let cmdline = format!("{BASE_CMDLINE} quiet {} {}", agent_param(), vm.cmdline);
+    let mut config = vm.vm_config(cmdline)?;
+    // The shares, then KVM, kernel and initramfs: cheap checks, made
+    // before an image pull or conversion that would be in vain.
+    let shares = plan_shares(run)?;
+    preflight(&config)?;
+    front.mark("shares and kvm checked");
+    // --rootfs names the root itself; `none` is the initramfs alone.
+    let image = match (&run.rootfs, run.image.as_str()) {
+        (Some(_), _) | (None, super::image::NO_IMAGE) => None,
+        (None, reference) => Some(super::image::prepare(reference, &run.insecure_registry)?),
+    };
+    let rootfs = image
+        .as_ref()
+        .map(|i| i.rootfs.clone())
+        .or(run.rootfs.clone());
+    config.root_disk = root_disk(rootfs, run.scratch.as_deref(), config.mem_size)?;
+    Ok(Machine {
+        config,
+        image: image.map(|i| i.config),
+        shares,
+        front,
+    })
+}
+
 /// What `run` worked out before the session starts.
 struct Planned<'a> {
     argv: Vec<String>,
@@ -199,7 +197,7 @@ struct Planned<'a> {
 }
 
 fn run_in_vm(
-    mut config: VmConfig,
+    config: VmConfig,
     args: &RunArgs,
     planned: Planned,
     vm: &VmArgs,
@@ -219,134 +217,31 @@ fn run_in_vm(
         config.root_disk.is_some(),
         image,
     )?;
-    let virtiofsd_binary = match shares.is_empty() {
-        true => None,
-        false => Some(find_virtiofsd(args)?),
-    };
+    let mem_size = config.mem_size;
     let dir = SessionDir::create().map_err(setup_failure)?;
-    // Declared after `dir` (dropped before it), like the backends below.
-    let mut request = request;
-    let mut ca_cert = None;
-    let mut egress = args.egress.start(&dir, &args.env)?.map(|s| {
-        let (proxy, port, ca) = s.attach(&mut request);
-        ca_cert = ca;
-        (proxy, port)
-    });
-    let guest_ports = egress.iter().map(|(_, port)| port.clone()).collect();
-    config.vsock = Some(VsockConfig {
-        cid: GUEST_CID,
-        uds_path: dir.vsock_path(),
-        guest_ports,
-    });
-    // Declared after `dir`, so dropped before it: the helpers are killed
-    // and reaped before their sockets' directory goes.
-    let mut backends = Vec::with_capacity(shares.len());
-    for (index, share) in shares.iter().enumerate() {
-        let binary = virtiofsd_binary
-            .as_deref()
-            .unwrap_or(Path::new("virtiofsd"));
-        let (backend, fs) = start_backend(&dir, binary, index, share, &request)?;
-        backends.push(backend);
-        config.shares.push(fs);
-    }
-    request.setup = Some(Box::new(machine_setup(&config)?));
-    front.mark("helpers started");
-    // After the helpers, so that a template's key sees the whole machine.
-    let plan = match args.no_snapshot {
-        true => Plan::Cold,
-        false => template::plan(&config),
+    let spec = Spec {
+        args,
+        vm,
+        dir: &dir,
+        shares: &shares,
+        templates: Templates::RestoreOrCreate,
+        console_to_stderr: args.console,
     };
-    front.mark(match plan {
-        Plan::Restore { .. } => "template found",
-        Plan::Create(_) => "no template: this run makes it",
-        Plan::Cold => "booting cold",
-    });
-    let console: Box<dyn io::Write + Send> = if args.console {
-        Box::new(io::stderr())
-    } else {
-        Box::new(Capped::new(
-            File::create(dir.console_path())
-                .map_err(|e| setup_failure(format!("cannot create the console log: {e}")))?,
-            CONSOLE_LOG_LIMIT,
-        ))
-    };
-    let console = ConsoleOutput::new(console);
-    let oom_seen = console.oom_flag();
-    let (built, creating) = match plan {
-        Plan::Restore { key, loaded } => (
-            crate::machine::restore_loaded(&config, console, loaded).inspect_err(|_| {
-                // A template that passed its checks but does not fit this
-                // machine: the next run must not find it again.
-                if let Some(store) = template::store_dir() {
-                    template::remove(&store, &key);
-                }
-            }),
-            None,
-        ),
-        Plan::Create(creating) => (boot::boot(&config, console), Some(creating)),
-        Plan::Cold => (boot::boot(&config, console), None),
-    };
-    let mut machine = match built {
-        Ok(machine) => machine,
-        // A backend that failed to start shows up as a broken connection;
-        // its own words say why.
-        Err(e) => {
-            let mut failure = Failure::from(e);
-            if let Some(why) = backends.iter_mut().find_map(Virtiofsd::exit_report) {
-                failure.message = format!("{}; {why}", failure.message);
-            }
-            return Err(failure);
-        }
-    };
-
-    for backend in &mut backends {
-        if let Some(pump) = backend.take_log_pump() {
-            machine.add_subscriber(Box::new(pump));
-        }
-    }
-    // Checked now, after the VM was built: the proxy came up meanwhile.
-    if let Some((proxy, _)) = egress.as_mut() {
-        proxy.wait_ready().map_err(setup_failure)?;
-    }
-    // With secrets, the guest trusts the proxy's per-run CA.
-    if let (Some(path), Some(setup)) = (&ca_cert, request.setup.as_mut()) {
-        setup.trust = Some(super::egress::read_ca(path)?);
-    }
-    if let Some(pump) = egress.as_mut().and_then(|(e, _)| e.take_log_pump()) {
-        machine.add_subscriber(Box::new(pump));
-    }
-
-    // Everything is open and virtiofsd started: confine before any other
-    // thread exists (they inherit it). The vmm thread may kill only these
-    // helpers' groups.
-    crate::confine::seccomp::allow_killing_groups(
-        &backends
-            .iter()
-            .map(Virtiofsd::process_group)
-            .chain(egress.as_ref().map(|(e, _)| e.process_group()))
-            .collect::<Vec<_>>(),
-    );
-    if let Some((proxy, _)) = &egress {
-        crate::confine::seccomp::allow_ending_groups(&[proxy.process_group()]);
-    }
-    let base_dir = dir.path().parent().unwrap_or(dir.path()).to_path_buf();
-    if creating.is_some() {
-        crate::confine::seccomp::allow_snapshots();
-    }
-    confine_vmm(
-        vm.confinement(),
-        Some(crate::confine::landlock::Writable {
-            session: Some((dir.path(), &base_dir)),
-            snapshot_parent: creating.as_ref().map(|c| c.store.as_path()),
-        }),
-    )?;
-
+    // Declared after `dir`, so dropped before it.
+    let Launched {
+        mut machine,
+        backends: _backends,
+        mut egress,
+        request,
+        creating,
+        oom_seen,
+    } = launch(config, request, &spec, &mut front)?;
     front.mark("vmm confined");
     let stop = machine.stop_handle();
     let target: session::Target = Arc::new(Mutex::new(None));
     signals::forward(stop.clone(), target.clone())
         .map_err(|e| setup_failure(format!("cannot install signal handlers: {e}")))?;
-    let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
+    let raw_mode = (args.command.tty && args.command.interactive).then(terminal::RawMode::enter);
     let (gate, gate_rx) = match creating {
         Some(_) => {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -360,7 +255,7 @@ fn run_in_vm(
     let session = session::start(
         dialer,
         request,
-        args.interactive,
+        args.command.interactive,
         stop.clone(),
         target,
         gate_rx,
@@ -399,7 +294,7 @@ fn run_in_vm(
     if oom_seen.load(std::sync::atomic::Ordering::SeqCst) {
         eprintln!(
             "mvm: the guest ran out of memory (--memory {} MiB): its kernel killed a process (see the guest console)",
-            config.mem_size >> 20
+            mem_size >> 20
         );
     }
     let failure = match conclude(ended.outcome, result, vm.timeout) {
@@ -480,77 +375,7 @@ fn plan_shares(args: &RunArgs) -> Result<Vec<Share>, Failure> {
     .map_err(setup_failure)
 }
 
-/// --virtiofsd, $MVM_VIRTIOFSD, the one `make` builds beside mvm, then
-/// PATH and the distributions' libexec.
-fn find_virtiofsd(args: &RunArgs) -> Result<PathBuf, Failure> {
-    if let Some(path) = args
-        .virtiofsd
-        .clone()
-        .or_else(|| std::env::var_os("MVM_VIRTIOFSD").map(PathBuf::from))
-    {
-        return Ok(path);
-    }
-    let beside = beside_binary("libexec/mvm/virtiofsd");
-    let in_path = path_candidates(std::env::var_os("PATH").as_deref(), "virtiofsd");
-    beside
-        .into_iter()
-        .chain(in_path)
-        .chain([PathBuf::from("/usr/libexec/virtiofsd")])
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            setup_failure(
-                "cannot find virtiofsd, which shares the workspace: run 'make', install virtiofsd, pass --virtiofsd PATH, or use --no-workspace",
-            )
-        })
-}
-
-/// `name` in each absolute directory of a PATH value. Relative entries
-/// (`.`, an empty one, `bin`) are skipped: they name directories below the
-/// current one, i.e. usually the workspace, where an earlier `--write`
-/// run could have planted a `virtiofsd` of its own.
-fn path_candidates(path: Option<&std::ffi::OsStr>, name: &str) -> Vec<PathBuf> {
-    path.map(|p| {
-        std::env::split_paths(p)
-            .filter(|d| d.is_absolute())
-            .map(|d| d.join(name))
-            .collect()
-    })
-    .unwrap_or_default()
-}
-
-/// virtiofsd for share `index`, serving as the command's user.
-fn start_backend(
-    dir: &SessionDir,
-    binary: &Path,
-    index: usize,
-    share: &Share,
-    request: &ExecRequest,
-) -> Result<(Virtiofsd, FsShare), Failure> {
-    let socket = dir.path().join(format!("fs{index}.sock"));
-    let backend = virtiofsd::spawn(&virtiofsd::Request {
-        binary,
-        shared_dir: &share.dir,
-        read_only: share.read_only,
-        socket: &socket,
-        log: &dir.path().join(format!("fs{index}.log")),
-        uid: session::dir::current_uid(),
-        gid: session::dir::current_gid(),
-        guest_uid: request.uid,
-        guest_gid: request.gid,
-    })
-    .map_err(setup_failure)?;
-    Ok((
-        backend,
-        FsShare {
-            tag: format!("mvm{index}"),
-            socket,
-            guest_path: share.guest.clone(),
-            read_only: share.read_only,
-        },
-    ))
-}
-
-fn print_console_tail(path: &Path) {
+pub(super) fn print_console_tail(path: &Path) {
     let Ok(file) = File::open(path) else {
         return;
     };
@@ -562,23 +387,5 @@ fn print_console_tail(path: &Path) {
     eprintln!("mvm: last lines of the guest console:");
     for line in tail {
         eprintln!("  | {line}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn relative_path_entries_are_not_searched_for_virtiofsd() {
-        let path = std::ffi::OsString::from("bin::.:/usr/local/bin:./tools:/usr/bin");
-        assert_eq!(
-            path_candidates(Some(&path), "virtiofsd"),
-            [
-                PathBuf::from("/usr/local/bin/virtiofsd"),
-                PathBuf::from("/usr/bin/virtiofsd")
-            ]
-        );
-        assert!(path_candidates(None, "virtiofsd").is_empty());
     }
 }

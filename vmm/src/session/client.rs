@@ -160,6 +160,13 @@ pub fn start(
     writer: &Writer,
     request: ExecRequest,
 ) -> Result<FrameReader<UnixStream>, Error> {
+    let reader = greet(stream, writer)?;
+    send(writer, &Message::Exec(request))?;
+    Ok(reader)
+}
+
+/// Hello both ways; returns the reader for what follows.
+pub fn greet(stream: &UnixStream, writer: &Writer) -> Result<FrameReader<UnixStream>, Error> {
     let read_half = stream.try_clone().map_err(Error::Write)?;
     let mut reader = FrameReader::new(read_half);
     send(writer, &Message::Hello(Hello::current()))?;
@@ -169,7 +176,6 @@ pub fn start(
         Some(_) => return Err(Error::Unexpected("a data message before its Hello")),
         None => return Err(Error::Lost),
     }
-    send(writer, &Message::Exec(request))?;
     Ok(reader)
 }
 

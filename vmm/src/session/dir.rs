@@ -19,6 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The lock file in each session directory.
 const LOCK: &str = "lock";
+/// The directory of the named sandboxes' runtime directories, inside the
+/// base: never swept (each sandbox's supervisor and `mvm rm` look after
+/// their own, `crate::sandboxes`).
+pub const SANDBOXES: &str = "sandboxes";
 /// A directory without a lock file is either being created right now or
 /// from before locks; it is swept only once older than this.
 const UNLOCKED_GRACE: Duration = Duration::from_secs(60);
@@ -35,6 +39,9 @@ pub struct SessionDir {
     path: PathBuf,
     /// Held (flock) for the session's lifetime; released when it closes.
     _lock: File,
+    /// A sandbox's directory outlives its supervisor: only its sockets
+    /// and pid go at the end, its logs stay for `mvm logs`.
+    keep_logs: bool,
 }
 
 /// `$XDG_RUNTIME_DIR/mvm`, or `/tmp/mvm-<uid>` without one.
@@ -95,7 +102,41 @@ impl SessionDir {
                 let _ = fs::remove_dir_all(&path);
                 create_err(&path, e)
             })?;
-        Ok(Self { path, _lock: lock })
+        Ok(Self {
+            path,
+            _lock: lock,
+            keep_logs: false,
+        })
+    }
+
+    /// A named sandbox's runtime directory `path` (its parent private
+    /// already), for its supervisor: created if missing, and taken only
+    /// if no other supervisor holds its lock (`Ok(None)`: one does).
+    pub fn claim(path: &Path) -> Result<Option<Self>, Error> {
+        let create_err = |source| Error::Create {
+            path: path.to_owned(),
+            source,
+        };
+        match mkdir_private(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(create_err(e)),
+        }
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.join(LOCK))
+            .map_err(create_err)?;
+        match try_lock(&lock) {
+            Ok(true) => Ok(Some(Self {
+                path: path.to_owned(),
+                _lock: lock,
+                keep_logs: true,
+            })),
+            Ok(false) => Ok(None),
+            Err(e) => Err(create_err(e)),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -113,8 +154,34 @@ impl SessionDir {
 
 impl Drop for SessionDir {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.path);
+        if !self.keep_logs {
+            let _ = fs::remove_dir_all(&self.path);
+            return;
+        }
+        let Ok(entries) = fs::read_dir(&self.path) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let keep = name
+                .to_str()
+                .is_some_and(|n| n.ends_with(".log") || n == LOCK);
+            if !keep {
+                remove_file_at(&entry.path());
+            }
+        }
     }
+}
+
+/// `unlinkat(2)`, the call the confined VMM thread has (std's
+/// `remove_file` makes `unlink`, which it does not).
+fn remove_file_at(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: path is a valid NUL-terminated string for the call.
+    unsafe { libc::unlinkat(libc::AT_FDCWD, path.as_ptr(), 0) };
 }
 
 /// An exclusive flock without waiting: Ok(true) taken, Ok(false) held by
@@ -164,7 +231,7 @@ fn sweep_stale(base: &Path) {
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) || entry.file_name() == SANDBOXES {
             continue;
         }
         let stale = match File::open(path.join(LOCK)) {

@@ -131,7 +131,9 @@ fn exec(
     exit
 }
 
-fn wall_clock_ns() -> u64 {
+/// The host's clock for a setup sent now (a restored guest's clock
+/// stands where its template's stood).
+pub fn wall_clock_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)

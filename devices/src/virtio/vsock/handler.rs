@@ -38,6 +38,9 @@ pub struct VsockHandler {
     muxer: Muxer,
     scratch: TxScratch,
     resets_seen: u64,
+    /// The only uid whose clients the listener serves: this process's,
+    /// read when the device is made (the confined VMM may not ask).
+    owner_uid: u32,
 }
 
 /// Connects host clients to the device without a `connect(2)`: each
@@ -80,6 +83,8 @@ impl VsockHandler {
             muxer,
             scratch: TxScratch::default(),
             resets_seen: 0,
+            // SAFETY: plain syscall without arguments; cannot fail.
+            owner_uid: unsafe { libc::geteuid() },
         }
     }
 
@@ -110,6 +115,10 @@ impl VsockHandler {
     fn accept_clients(&mut self, ops: &mut EventOps) {
         loop {
             match self.listener.accept() {
+                // Another user's client is closed unheard, whatever the
+                // socket's mode lets through (a named sandbox's socket
+                // lives on for hours: docs/sandboxes.md).
+                Ok((stream, _)) if peer_uid(&stream) != Some(self.owner_uid) => drop(stream),
                 Ok((stream, _)) => self.muxer.accept(stream, ops),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 // WouldBlock: all taken. Anything else (out of fds): the
@@ -162,6 +171,24 @@ impl Default for TxScratch {
 }
 
 /// A packet over host buffers, its header fields read by the crate.
+/// The uid the peer of `stream` had when it connected (`SO_PEERCRED`).
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    // SAFETY: ucred is plain old data; all-zero is a valid value.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid out-pointers of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::from_mut(&mut cred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
 fn host_packet<'b>(
     header: &'b mut [u8; PKT_HEADER_SIZE],
     data: Option<&'b mut [u8]>,

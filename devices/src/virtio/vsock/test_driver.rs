@@ -473,6 +473,11 @@ impl Guest {
         s
     }
 
+    /// The device's Unix socket address (abstract).
+    pub fn addr(&self) -> &SocketAddr {
+        &self.addr
+    }
+
     /// A host client connected to the device's Unix socket.
     pub fn client(&mut self) -> UnixStream {
         let s = UnixStream::connect_addr(&self.addr).unwrap();

@@ -740,3 +740,87 @@ fn a_restored_device_carries_on_at_the_saved_ring_positions() {
     let pkt = g.recv().pop().expect("data for the guest");
     assert_eq!((pkt.hdr.op, &pkt.data[..]), (OP_RW, &b"to guest"[..]));
 }
+
+/// A client connecting as another uid: the second user of a sandbox
+/// whose socket someone made reachable. Needs root (to become that uid in
+/// a child); skipped otherwise. The child uses raw system calls only
+/// (this test process has other threads).
+#[test]
+fn a_client_of_another_user_is_closed_unheard() {
+    // SAFETY: plain syscall without arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: becoming another uid to connect needs root");
+        return;
+    }
+    let mut g = Guest::new();
+    let name = g.addr().as_abstract_name().unwrap().to_vec();
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (i, b) in name.iter().enumerate() {
+        sa.sun_path[i + 1] = *b as libc::c_char; // sun_path[0] = 0: abstract
+    }
+    let sa_len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
+    // SAFETY: the child makes only system calls on memory prepared above
+    // and ends with _exit; the parent waits for it.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: system calls on valid memory; _exit never returns.
+        unsafe {
+            let timeout = libc::timeval {
+                tv_sec: 5,
+                tv_usec: 0,
+            };
+            let code = if libc::setresuid(65534, 65534, 65534) != 0 {
+                3
+            } else {
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    std::ptr::from_ref(&timeout).cast(),
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                );
+                let line = b"CONNECT 1024\n";
+                let mut byte = 0u8;
+                if libc::connect(fd, std::ptr::from_ref(&sa).cast(), sa_len) != 0 {
+                    4
+                } else if libc::write(fd, line.as_ptr().cast(), line.len()) < 0 {
+                    5
+                } else {
+                    // End of stream or a reset: closed unheard. A byte:
+                    // served; a timeout: left waiting.
+                    match libc::read(fd, std::ptr::from_mut(&mut byte).cast(), 1) {
+                        0 => 0,
+                        1 => 6,
+                        _ if *libc::__errno_location() == libc::ECONNRESET => 0,
+                        _ => 7,
+                    }
+                }
+            };
+            libc::_exit(code);
+        }
+    }
+    let mut status = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        g.pump();
+        // SAFETY: status is a valid out-pointer.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the child hangs");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the other user's client was served"
+    );
+    g.give_rx(1, 4096);
+    assert!(g.recv().is_empty(), "its CONNECT reached the guest");
+    // The positive control: this user's client is heard.
+    let (_c, _port) = connect_with(&mut g, 4096);
+}

@@ -1,0 +1,177 @@
+//! `mvm exec NAME -- CMD`: one command in a running sandbox, with what
+//! `mvm run` offers (stdin with -i, a pty with -t, signals forwarded, the
+//! exact exit status). A client process like any other: it connects to
+//! the sandbox's vsock socket (in the user's private runtime directory)
+//! and speaks the exec channel; the supervisor is not involved.
+
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use mvm_protocol::{ExecRequest, Message, Resize, Signal, AGENT_PORT};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
+use signal_hook::iterator::Signals;
+
+use super::super::command_args::CommandArgs;
+use super::super::{setup_failure, Failure};
+use super::sandbox_failure;
+use crate::exit_code;
+use crate::sandboxes::{Paths, State, EXEC_DEFAULTS};
+use crate::session::client::{self, Writer};
+use crate::session::signals::TERMINATE_GRACE;
+use crate::session::terminal;
+
+/// How long an exec waits for a running sandbox's agent to take it.
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+
+/// Runs `argv` in sandbox `name`; returns its exit status.
+pub fn exec(name: &str, args: &CommandArgs, argv: Vec<String>) -> Result<i32, Failure> {
+    let paths = Paths::of(name).map_err(sandbox_failure)?;
+    paths.read_record().map_err(sandbox_failure)?;
+    match paths.state() {
+        State::Running => {}
+        State::Starting => {
+            return Err(setup_failure(format!(
+                "sandbox '{name}' is still starting: try again in a moment"
+            )))
+        }
+        State::Stopped => {
+            return Err(setup_failure(format!(
+                "sandbox '{name}' is stopped: start it with mvm start {name}"
+            )))
+        }
+        State::Dead => {
+            return Err(setup_failure(format!(
+                "sandbox '{name}' is dead (its supervisor was killed): mvm start {name}, or mvm rm {name}"
+            )))
+        }
+    }
+    if argv.is_empty() {
+        return Err(setup_failure(format!(
+            "no command given: put it after -- (e.g. mvm exec {name} -- uname -a)"
+        )));
+    }
+    let request = request(&paths, args, argv)?;
+    let socket = paths.runtime_file("vsock.sock");
+    // The agent of a running sandbox listens: a connection it does not
+    // take within the limit is refused (the socket's owner is another
+    // user, say), not worth waiting for.
+    let deadline = Instant::now() + CONNECT_LIMIT;
+    let gone = || !paths.supervised() || Instant::now() > deadline;
+    let stream = client::connect(&socket, AGENT_PORT, &gone).map_err(|e| match e {
+        client::Error::VmGone if paths.supervised() => setup_failure(format!(
+            "sandbox '{name}' did not take the command within {} s (is {} yours?)",
+            CONNECT_LIMIT.as_secs(),
+            socket.display()
+        )),
+        e => lost(name, &e),
+    })?;
+    let writer: Writer =
+        Arc::new(Mutex::new(stream.try_clone().map_err(|e| {
+            setup_failure(format!("cannot use the exec channel: {e}"))
+        })?));
+    let mut reader = client::start(&stream, &writer, request).map_err(|e| lost(name, &e))?;
+    let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
+    forward_signals(writer.clone(), &stream)?;
+    if args.interactive {
+        client::pump_stdin(writer);
+    } else {
+        client::send(&writer, &Message::StdinEof).map_err(|e| lost(name, &e))?;
+    }
+    let exit = client::relay_output(&mut reader);
+    drop(raw_mode);
+    let _ = stream.shutdown(Shutdown::Both);
+    exit.map(|e| i32::from(e.status))
+        .map_err(|e| lost(name, &e))
+}
+
+fn lost(name: &str, err: &client::Error) -> Failure {
+    Failure {
+        message: format!("sandbox '{name}': {err}"),
+        code: exit_code::GUEST_CRASHED,
+    }
+}
+
+/// The sandbox's defaults (what its supervisor wrote) with this exec's
+/// options applied.
+fn request(paths: &Paths, args: &CommandArgs, argv: Vec<String>) -> Result<ExecRequest, Failure> {
+    let path = paths.runtime_file(EXEC_DEFAULTS);
+    let mut request: ExecRequest = std::fs::read(&path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .ok_or_else(|| {
+            setup_failure(format!(
+                "cannot read the sandbox's exec defaults {}: restart it (mvm stop, mvm start)",
+                path.display()
+            ))
+        })?;
+    request.argv = argv;
+    for item in &args.env {
+        match item.split_once('=') {
+            Some((key, value)) if !key.is_empty() => {
+                request.env.push((key.to_string(), value.to_string()))
+            }
+            _ => return Err(setup_failure(format!("--env '{item}' is not KEY=VALUE"))),
+        }
+    }
+    if let Some(dir) = &args.workdir {
+        if !dir.starts_with('/') {
+            return Err(setup_failure(format!(
+                "--workdir '{dir}' must be an absolute path in the guest"
+            )));
+        }
+        request.cwd = dir.clone();
+    }
+    if args.root {
+        (request.uid, request.gid, request.user) = (0, 0, None);
+        request.user_name = None;
+    }
+    if let Some(user) = &args.user {
+        request.user = Some(user.clone());
+    }
+    request.tty = args.tty;
+    (request.rows, request.cols) = if args.tty { terminal::size() } else { (0, 0) };
+    Ok(request)
+}
+
+/// Ctrl-C, SIGQUIT, SIGTERM and SIGHUP go to the command; SIGWINCH
+/// resizes its terminal. After SIGTERM or SIGHUP the command gets the
+/// grace period, then the channel is cut (the agent kills the command).
+fn forward_signals(writer: Writer, stream: &UnixStream) -> Result<(), Failure> {
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH])
+        .map_err(|e| setup_failure(format!("cannot install signal handlers: {e}")))?;
+    let cut = stream
+        .try_clone()
+        .map_err(|e| setup_failure(format!("cannot use the exec channel: {e}")))?;
+    thread::Builder::new()
+        .name("mvm-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let msg = match sig {
+                    SIGWINCH => {
+                        let (rows, cols) = terminal::size();
+                        Message::Resize(Resize { rows, cols })
+                    }
+                    _ => Message::Signal(Signal { signal: sig }),
+                };
+                if sig == SIGTERM || sig == SIGHUP {
+                    let cut = cut.try_clone();
+                    thread::spawn(move || {
+                        thread::sleep(TERMINATE_GRACE);
+                        if let Ok(cut) = cut {
+                            let _ = cut.shutdown(Shutdown::Both);
+                        }
+                    });
+                }
+                let writer = writer.clone();
+                // Off this thread: a send may wait for the guest's credit.
+                thread::spawn(move || {
+                    let _ = client::send(&writer, &msg);
+                });
+            }
+        })
+        .map_err(|e| setup_failure(format!("cannot start the signal thread: {e}")))?;
+    Ok(())
+}

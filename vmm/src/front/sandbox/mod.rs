@@ -1,0 +1,83 @@
+//! Named sandboxes (docs/sandboxes.md): `mvm create` starts a machine that
+//! outlives the command, run by a supervisor process of its own (no
+//! central daemon); `exec` runs commands in it; `ls`, `stop`, `start`,
+//! `rm` and `logs` manage it. Where each one's files live and how its
+//! state is told is `crate::sandboxes`.
+
+mod create;
+mod exec;
+mod manage;
+mod supervise;
+
+use clap::{Args, Parser};
+
+use super::run::RunArgs;
+use super::{setup_failure, Failure, VmArgs};
+use crate::sandboxes;
+
+pub use create::{create, start};
+pub use exec::exec;
+pub use manage::{logs, ls, rm, stop, LsArgs, RmArgs};
+pub use supervise::supervise;
+
+/// `mvm create`'s options after the name: those of `mvm run`, which
+/// become the sandbox's machine and every exec's defaults.
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub vm: VmArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// The stored words (the name, then the options) parsed again by the
+/// supervisor.
+#[derive(Parser, Debug)]
+#[command(name = "mvm create", no_binary_name = true)]
+struct Stored {
+    #[arg(value_name = "NAME")]
+    _name: String,
+    #[command(flatten)]
+    options: CreateArgs,
+}
+
+/// The options a record keeps, parsed.
+fn parse_stored(record: &sandboxes::Record) -> Result<CreateArgs, Failure> {
+    Stored::try_parse_from(&record.args)
+        .map(|s| s.options)
+        .map_err(|e| {
+            setup_failure(format!(
+                "sandbox '{}': its stored options no longer parse ({}); remove it with mvm rm",
+                record.name,
+                e.kind()
+            ))
+        })
+}
+
+fn sandbox_failure(err: sandboxes::Error) -> Failure {
+    setup_failure(err.to_string())
+}
+
+/// Options that mean something for one command only are refused for a
+/// sandbox, with what to do instead.
+fn refuse_one_shot_options(args: &CreateArgs) -> Result<(), Failure> {
+    let refused = [
+        (
+            args.run.command.interactive,
+            "-i/--interactive: give it to mvm exec",
+        ),
+        (args.run.command.tty, "-t/--tty: give it to mvm exec"),
+        (
+            args.vm.timeout.is_some(),
+            "--timeout: a sandbox runs until mvm stop",
+        ),
+        (
+            args.run.console,
+            "--console: the console goes to the log (mvm logs NAME)",
+        ),
+    ];
+    match refused.iter().find(|(given, _)| *given) {
+        Some((_, why)) => Err(setup_failure(format!("mvm create does not take {why}"))),
+        None => Ok(()),
+    }
+}
