@@ -39,7 +39,7 @@ IMAGE_ROOT := $(SHARE)/images/debian.erofs
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-confine clean
+.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-sandbox bench-confine clean
 all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
 
 deps: build/.deps
@@ -153,6 +153,13 @@ bench-egress: all
 # template (docs/benchmarks.md).
 bench-concurrent: all
 	python3 benches/concurrent.py
+
+# `mvm exec` in a named sandbox next to `mvm run` (cold and from a
+# template) and bubblewrap, and an idle sandbox's memory
+# (docs/benchmarks.md). Its bubblewrap comes from build/peers.
+bench-sandbox: all
+	scripts/bundle-peers.sh build/peers
+	python3 benches/sandbox.py
 
 # Start-up cost of the VMM's confinement (docs/benchmarks.md).
 bench-confine: all
