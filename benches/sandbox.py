@@ -86,7 +86,7 @@ for d in /proc/[0-9]*; do
         pss=$((pss + ${{k:-0}})) ;;
     esac
 done
-rss=$(sed -n 's/^VmRSS: *\([0-9]*\) kB/\1/p' /proc/$sup/status)
+rss=$(awk '/^VmRSS:/ {{ print $2 }}' /proc/$sup/status)
 echo "idle pss_kib=$pss supervisor_rss_kib=$rss"
 "$M" stop sb >/dev/null 2>&1 || echo "fail stop"
 exit 0
@@ -121,6 +121,8 @@ def main():
                 else:
                     bad.append(line)
     idle = next((line for line in setup if line.startswith("idle ")), None)
+    if idle and any(not kv.split("=")[1].isdigit() for kv in idle.split()[1:]):
+        failed.append(f"unreadable idle figures: {idle}")
     if out.returncode != 0 or failed or bad or not idle or any(not v for v in times.values()):
         sys.exit(f"bench-sandbox: the run failed ({out.returncode}): {failed + bad}\n{out.stderr}")
     med = {key: statistics.median(v) for key, v in times.items()}
