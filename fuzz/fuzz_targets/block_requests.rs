@@ -1,11 +1,15 @@
 //! The virtio-blk request parser: well-formed and malformed request chains
 //! (any type, sector, segment count, lengths and directions, header and
 //! status descriptors of any size and direction) on a started device.
-//! Besides panics, hangs and runaway allocations, two oracles: a request of
+//! Besides panics, hangs and runaway allocations, oracles: a request of
 //! the plain shape Linux sends (a 16-byte header, whole-sector writable
 //! segments, a 1-byte writable status) that reads inside the file must
-//! come back OK with the file's bytes; a write (whose header the device
-//! can read whole) is never answered OK; and nothing ever writes the disk.
+//! come back OK with the file's bytes. On the read-only disk (an image
+//! root) a write (whose header the device can read whole) is never
+//! answered OK, and nothing ever writes the disk. On a writable disk (a
+//! sandbox's) the file never changes length, a plain write inside it is
+//! answered OK, and a plain write answered OK put exactly its data at its
+//! sector.
 
 #![no_main]
 
@@ -68,6 +72,8 @@ struct Request {
 
 #[derive(Arbitrary, Debug)]
 struct Input {
+    /// A sandbox's writable disk instead of the read-only root.
+    writable: bool,
     extra_sectors: u8,
     requests: Vec<Request>,
 }
@@ -137,6 +143,20 @@ impl Request {
             && DATA_AT + self.data_len() <= DATA_END
     }
 
+    /// The shape Linux sends for a write: a 16-byte header, device-readable
+    /// segments of whole sectors (the data, back to back from DATA_AT), a
+    /// 1-byte writable status.
+    fn is_plain_write(&self) -> bool {
+        self.kind == Kind::Out
+            && self.header.is_none()
+            && self.status.is_none()
+            && self.segments().count() > 0
+            && self.segments().all(|s| {
+                matches!(s, Span::Bytes { len, writable: false } if len > 0 && u64::from(len) % SECTOR_SIZE == 0)
+            })
+            && DATA_AT + self.data_len() <= DATA_END
+    }
+
     /// Whether the device reads our type: the chain's first readable bytes
     /// are the header only when its descriptor is readable and whole.
     fn is_typed(&self) -> bool {
@@ -150,20 +170,27 @@ fuzz_target!(|input: Input| {
     let check = file.try_clone().expect("dup the fuzz disk");
     let (evts, clones) = queue_events(QUEUE_COUNT);
     let sectors = disk::SECTORS + u64::from(input.extra_sectors);
-    let (device, handler) =
-        block::new_with_capacity(file, "fuzz", evts, sectors).expect("the block device");
+    let (device, handler) = match input.writable {
+        true => block::new_writable(file, "fuzz", evts),
+        false => block::new_with_capacity(file, "fuzz", evts, sectors),
+    }
+    .expect("the block device");
     let mut driver = Driver::new(guest_memory(), device, handler, clones);
     driver.apply(&Op::Start { mask: 0 });
     for request in input.requests.iter().take(MAX_REQUESTS) {
-        serve(&mut driver, request, &check);
+        serve(&mut driver, request, &check, input.writable);
     }
-    disk::assert_unchanged(&check);
+    match input.writable {
+        true => disk::assert_same_length(&check),
+        false => disk::assert_unchanged(&check),
+    }
 });
 
 fn serve<H: event_manager::MutEventSubscriber>(
     driver: &mut Driver<block::Block, H>,
     request: &Request,
     disk_file: &std::fs::File,
+    writable: bool,
 ) {
     let mem = driver.mem.clone();
     let mut header = [0u8; HEADER_LEN];
@@ -224,7 +251,40 @@ fn serve<H: event_manager::MutEventSubscriber>(
             "a plain read returned other bytes: {request:?}"
         );
     }
-    if request.is_typed() && request.kind == Kind::Out {
+    let written = request.is_typed() && request.kind == Kind::Out;
+    if written && !writable {
         assert_ne!(status, VIRTIO_BLK_S_OK as u8, "a write was answered OK");
+    }
+    let len = request.data_len();
+    let inside = matches!(request.sector, Sector::Near(_))
+        && request.sector() * SECTOR_SIZE + len <= disk::SECTORS * SECTOR_SIZE;
+    if writable && request.is_plain_write() && inside {
+        assert_eq!(
+            status, VIRTIO_BLK_S_OK as u8,
+            "a plain write failed: {request:?}"
+        );
+    }
+    if writable && request.is_plain_write() && status == VIRTIO_BLK_S_OK as u8 {
+        let end = request
+            .sector()
+            .checked_mul(SECTOR_SIZE)
+            .and_then(|s| s.checked_add(len));
+        assert!(
+            end.is_some_and(|e| e <= disk::SECTORS * SECTOR_SIZE),
+            "a write past the disk was answered OK: {request:?}"
+        );
+        let mut sent = vec![0u8; len as usize];
+        mem.read_slice(&mut sent, GuestAddress(DATA_AT)).unwrap();
+        let mut on_disk = vec![0u8; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(
+            disk_file,
+            &mut on_disk,
+            request.sector() * SECTOR_SIZE,
+        )
+        .unwrap();
+        assert!(
+            sent == on_disk,
+            "a write answered OK left other bytes: {request:?}"
+        );
     }
 }

@@ -48,3 +48,10 @@ pub fn assert_unchanged(file: &File) {
         );
     }
 }
+
+/// Panics (a finding) if the disk's length changed: a writable disk is
+/// written only inside its capacity.
+pub fn assert_same_length(file: &File) {
+    let len = file.metadata().expect("fuzz disk metadata").len();
+    assert_eq!(len, SECTORS * SECTOR_SIZE, "the disk's length changed");
+}

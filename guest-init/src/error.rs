@@ -35,6 +35,8 @@ pub enum Error {
         path: String,
         source: io::Error,
     },
+    #[error("the sandbox's disk: {0}")]
+    SandboxDisk(String),
     #[error("switch to the image root: {what}: {source}")]
     SwitchRoot {
         what: &'static str,

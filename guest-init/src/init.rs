@@ -45,7 +45,7 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
     let line = String::from_utf8_lossy(&line);
     if let Some(root) = cmdline::root(&line)? {
-        rootfs::enter(&root)?;
+        rootfs::enter(&root, false)?;
     }
     set_hostname();
     // Before the shares, which may lie inside it: /root keeps its mode.

@@ -25,6 +25,7 @@ pub mod mounts;
 pub mod power;
 pub mod reap;
 pub mod rootfs;
+pub mod sandbox_disk;
 pub mod shares;
 pub mod shutdown;
 pub mod spawn;

@@ -1,6 +1,8 @@
 //! The image root (docs/images.md): the read-only EROFS filesystem on the
 //! VMM's block device, under an overlayfs whose upper layer is a tmpfs of
-//! the scratch size, becomes `/` for init and everything it starts.
+//! the scratch size (or, for a named sandbox, the ext2 filesystem on its
+//! own disk, made on first use: docs/sandboxes.md), becomes `/` for init
+//! and everything it starts.
 //!
 //! guest-init stays PID 1 and keeps running from the initramfs's copy of
 //! itself; only its root moves. The initramfs root (rootfs) cannot be
@@ -36,8 +38,9 @@ const MOVED: [(&CStr, &CStr, libc::mode_t); 5] = [
     (c"/run", c"/.mvm/root/run", 0o755),
 ];
 
-/// Mounts the layers and makes the overlay the root.
-pub fn enter(root: &RootParam) -> Result<(), Error> {
+/// Mounts the layers and makes the overlay the root; with `on_disk`, the
+/// writable layer is the sandbox's disk.
+pub fn enter(root: &RootParam, on_disk: bool) -> Result<(), Error> {
     ensure_dir(LAYERS, 0o700)?;
     for dir in [LOWER, SCRATCH, MERGED] {
         ensure_dir(dir, 0o755)?;
@@ -47,9 +50,14 @@ pub fn enter(root: &RootParam) -> Result<(), Error> {
     // nodev: device nodes in the image open nothing.
     let locked = libc::MS_NOSUID | libc::MS_NODEV;
     mount(DISK, LOWER, c"erofs", locked | libc::MS_RDONLY, None)?;
-    let size = CString::new(format!("size={},mode=0755", root.scratch_bytes))
-        .expect("digits and letters have no NUL");
-    mount(c"scratch", SCRATCH, c"tmpfs", locked, Some(&size))?;
+    if on_disk {
+        let disk = crate::sandbox_disk::prepare()?;
+        mount(&disk, SCRATCH, c"ext2", locked, None)?;
+    } else {
+        let size = CString::new(format!("size={},mode=0755", root.scratch_bytes))
+            .expect("digits and letters have no NUL");
+        mount(c"scratch", SCRATCH, c"tmpfs", locked, Some(&size))?;
+    }
     ensure_dir(UPPER, 0o755)?;
     ensure_dir(WORK, 0o700)?;
     mount(

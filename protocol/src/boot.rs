@@ -51,6 +51,9 @@ pub const ROOT_PARAM: &str = "mvm.root";
 pub const ROOT_DEVICE: &str = "vda";
 /// The block device's id (GET_ID: /sys/block/vda/serial in the guest).
 pub const ROOT_DISK_ID: &str = "mvm-root";
+/// A named sandbox's disk's id (GET_ID: `/sys/block/vdX/serial`): the
+/// writable disk its root's upper layer lives on (docs/sandboxes.md).
+pub const SANDBOX_DISK_ID: &str = "mvm-disk";
 /// The root disk's advertised capacity in 512-byte sectors: 64 GiB,
 /// whatever the image's size, so that the guest sees the same disk under
 /// every image and one VM template fits them all. The image lies at the

@@ -38,6 +38,12 @@ pub struct Setup {
     /// CA bundle and writes them alone to [`RUN_CA_PATH`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<String>,
+    /// With `root`: the root's writable layer lives on the disk whose id
+    /// is [`SANDBOX_DISK_ID`](crate::boot::SANDBOX_DISK_ID) (a named
+    /// sandbox's), made an ext2 filesystem on first use, instead of a
+    /// tmpfs of the scratch size.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upper_on_disk: bool,
 }
 
 /// The system CA bundle (Debian's path, which curl, git, Python and
@@ -82,6 +88,7 @@ impl Setup {
             wall_clock_ns,
             entropy: crate::boot::encode_hex(entropy),
             trust: None,
+            upper_on_disk: false,
         }
     }
 

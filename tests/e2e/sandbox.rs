@@ -1,7 +1,9 @@
 //! Named sandboxes end to end (docs/sandboxes.md), in one test host: a
 //! sandbox created with the default image and a read-only workspace, 20
 //! commands (the first installs a file under /usr as root, the last sees
-//! it), statuses and streams kept apart, three commands at once, one
+//! it, and so does a command after stop and start, and after the
+//! supervisor was killed and the sandbox started again: the root's
+//! writable layer is on the sandbox's disk), statuses and streams kept apart, three commands at once, one
 //! command's crash leaving the others alone, `ls`, `logs`, `stop` and
 //! `start`, the refusals (a name in use, a sandbox running already, an
 //! exec in a stopped or unknown one, a bad name), a corrupt record named
@@ -78,12 +80,18 @@ $MVM exec nope -- true 2>/run/tmp/e; say "exec unknown: $? $(grep -c 'no sandbox
 $MVM start e2e 2>/run/tmp/e; say "start: $?"
 sed 's/^/start err: /' /run/tmp/e
 say "after start: $($MVM exec e2e -- cat /workspace/f) $?"
+say "kept: $($MVM exec e2e -- cat /usr/local/bin/e2e-mark)"
+$MVM ls | grep '^e2e ' | awk '{print "disk: " $8}'
 
 pid=$(cat $RUNTIME/e2e/pid)
 kill -9 "$pid"; sleep 1
 $MVM ls | grep '^e2e ' | awk '{print "killed ls: " $2}'
 $MVM exec e2e -- true 2>/run/tmp/e; say "exec dead: $? $(grep -c 'is dead' /run/tmp/e)"
-$MVM rm e2e; say "rm: $?"
+$MVM start e2e 2>/run/tmp/e; say "start dead: $?"
+sed 's/^/start dead err: /' /run/tmp/e
+say "kept after kill: $($MVM exec e2e -- cat /usr/local/bin/e2e-mark)"
+$MVM rm e2e 2>/run/tmp/e; say "rm running: $? $(grep -c 'rm -f e2e' /run/tmp/e)"
+$MVM rm -f e2e; say "rm: $?"
 
 mkdir -p $MVM_SANDBOXES/broken && echo '{' >$MVM_SANDBOXES/broken/sandbox.json
 $MVM ls >/dev/null 2>/run/tmp/e; say "corrupt ls: $? $(grep -c 'sbx-data/broken/sandbox.json' /run/tmp/e)"
@@ -143,8 +151,12 @@ fn a_sandbox_serves_many_commands_and_leaves_nothing_when_removed() {
         "exec unknown: 125 1",
         "start: 0",
         "after start: hello 0",
+        "kept: installed",
         "killed ls: dead",
         "exec dead: 125 1",
+        "start dead: 0",
+        "kept after kill: installed",
+        "rm running: 125 1",
         "rm: 0",
         "corrupt ls: 0 1",
         "corrupt exec: 125 1",
@@ -163,6 +175,11 @@ fn a_sandbox_serves_many_commands_and_leaves_nothing_when_removed() {
     assert!(
         id.is_some_and(|l| l.ends_with(" root: 0") && !l.starts_with("id: 0 ")),
         "an exec runs unprivileged unless --root: {text}"
+    );
+    let disk = after.iter().find_map(|l| l.strip_prefix("disk: "));
+    assert!(
+        disk.is_some_and(|d| d.ends_with("M/4G") && d != "0M/4G"),
+        "ls shows the disk's use: {text}"
     );
     let logs = after.iter().find_map(|l| l.strip_prefix("logs: "));
     assert!(

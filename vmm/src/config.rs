@@ -35,6 +35,9 @@ pub struct VmConfig {
     /// The image root: a read-only virtio-blk disk; None keeps the
     /// initramfs as the root.
     pub root_disk: Option<RootDisk>,
+    /// A named sandbox's disk (a file of its whole capacity): a writable
+    /// virtio-blk disk that holds the image root's upper layer.
+    pub sandbox_disk: Option<PathBuf>,
 }
 
 /// A read-only EROFS image the guest mounts as the lower layer of its

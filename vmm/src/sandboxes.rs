@@ -37,6 +37,8 @@ pub const EXEC_DEFAULTS: &str = "exec.json";
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
 /// The record's file name in the data directory.
 const RECORD: &str = "sandbox.json";
+/// The sandbox's disk in the data directory: its root's writable layer.
+pub const DISK: &str = "disk.img";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -84,6 +86,10 @@ pub struct Record {
     pub shares: Vec<String>,
     /// The hosts the egress proxy allows (empty: no network).
     pub allow: Vec<String>,
+    /// The disk's size as given (`--disk`); empty: no disk (no image
+    /// root).
+    #[serde(default)]
+    pub disk: String,
 }
 
 /// The state `ls` shows.
@@ -206,6 +212,10 @@ impl Paths {
 
     pub fn record_path(&self) -> PathBuf {
         self.data.join(RECORD)
+    }
+
+    pub fn disk_path(&self) -> PathBuf {
+        self.data.join(DISK)
     }
 
     pub fn runtime_file(&self, name: &str) -> PathBuf {
@@ -343,6 +353,7 @@ mod tests {
             cpus: 1,
             shares: vec![".:/workspace:ro".into()],
             allow: vec![],
+            disk: "4G".into(),
         }
     }
 

@@ -238,6 +238,7 @@ fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
             path: disk_path.clone(),
             scratch_bytes: 1 << 20,
         }),
+        sandbox_disk: None,
     };
     let out = Captured::default();
     let mut machine = boot::boot(&cfg, ConsoleOutput::new(Box::new(out.clone()))).unwrap();

@@ -64,7 +64,7 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         // image's first blocks (the kernel's partition scan at probe):
         // whatever is cached of the disk goes before it is mounted.
         flush_disk().map_err(SetupError::FlushDisk)?;
-        rootfs::enter(&root)?;
+        rootfs::enter(&root, setup.upper_on_disk)?;
         // Before the shares, which may lie inside it: /root keeps its mode.
         mounts::ensure_dir(c"/root", 0o700)?;
     }

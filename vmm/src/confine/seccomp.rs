@@ -386,8 +386,11 @@ fn own_calls(kind: ThreadKind) -> &'static [i64] {
             libc::SYS_fcntl,
             libc::SYS_getsockopt,
             // The root disk's reads (virtio-blk), at positions in the
-            // image file opened before confinement.
+            // image file opened before confinement; a sandbox's disk's
+            // writes and flushes.
             libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_fdatasync,
             // Stats (--print-stats).
             libc::SYS_getrusage,
             libc::SYS_mincore,

@@ -78,7 +78,9 @@ pub(super) fn machine_setup(config: &VmConfig) -> Result<Setup, Failure> {
             std::io::Error::last_os_error()
         )));
     }
-    Ok(Setup::new(root.as_ref(), &mounts, 0, &entropy))
+    let mut setup = Setup::new(root.as_ref(), &mounts, 0, &entropy);
+    setup.upper_on_disk = root.is_some() && config.sandbox_disk.is_some();
+    Ok(setup)
 }
 
 /// The caller's login name for the guest's /etc/passwd: $USER or

@@ -34,6 +34,10 @@ pub struct TemplateInfo {
     pub mem_mib: u64,
     pub vcpus: u8,
     pub root_disk: bool,
+    /// A machine with a sandbox's disk is another machine (left out of
+    /// the key when absent, so that every other key stays as it was).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sandbox_disk: bool,
     pub shares: usize,
     pub vsock_cid: Option<u64>,
     pub snapshot_format: u32,
@@ -83,6 +87,7 @@ impl TemplateInfo {
             mem_mib: config.mem_size >> 20,
             vcpus: config.vcpus,
             root_disk: config.root_disk.is_some(),
+            sandbox_disk: config.sandbox_disk.is_some(),
             shares: config.shares.len(),
             vsock_cid: config.vsock.as_ref().map(|v| v.cid),
             snapshot_format: snapshot::FORMAT_VERSION,
@@ -344,6 +349,7 @@ mod tests {
             fs::write(&kernel, b"kernel").unwrap();
         }
         VmConfig {
+            sandbox_disk: None,
             kernel,
             initrd: None,
             cmdline: "panic=-1".into(),

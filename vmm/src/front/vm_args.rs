@@ -73,6 +73,7 @@ impl VmArgs {
             .clone()
             .or_else(|| default_artifact("MVM_INITRD", "initramfs.cpio"));
         Ok(VmConfig {
+            sandbox_disk: None,
             kernel,
             initrd,
             cmdline,

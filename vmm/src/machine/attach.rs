@@ -55,6 +55,8 @@ pub enum Error {
     },
     #[error("the root image {0}: {1}")]
     RootDisk(String, String),
+    #[error("the sandbox's disk {0}: {1}")]
+    SandboxDisk(String, String),
     #[error(transparent)]
     VirtioMmio(#[from] mmio::Error),
     #[error(transparent)]

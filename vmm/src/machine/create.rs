@@ -59,6 +59,9 @@ pub fn create(
     if let Some(disk) = &config.root_disk {
         block::attach_root_disk(&mut env, disk)?;
     }
+    if let Some(path) = &config.sandbox_disk {
+        block::attach_sandbox_disk(&mut env, path)?;
+    }
     let vsock_dialer = match &config.vsock {
         Some(vsock) => Some(vsock::attach_vsock(
             &mut env,

@@ -1,5 +1,5 @@
 //! The virtio-blk device as its transport sees it (device ID 2): features
-//! (read-only, SEG_MAX), the capacity in config space, and handing the
+//! (read-only, or FLUSH for a writable disk; SEG_MAX), the capacity in config space, and handing the
 //! queue to the event-loop handler at activation.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,7 +11,8 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{
-    CONFIG_LEN, QUEUE_COUNT, QUEUE_SIZE, SEG_MAX, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+    CONFIG_LEN, QUEUE_COUNT, QUEUE_SIZE, SEG_MAX, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
+    VIRTIO_BLK_F_SEG_MAX,
 };
 use crate::state::{RestoreError, SaveError};
 use crate::virtio::device::{read_config_bytes, Activation, Error, Interrupt, VirtioDevice};
@@ -38,6 +39,7 @@ pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 pub struct Block {
     id: String,
     sectors: u64,
+    writable: bool,
     config: [u8; CONFIG_LEN],
     shared: Arc<Mutex<Shared>>,
     /// Wakes the handler after activate (requests may already be queued).
@@ -45,7 +47,13 @@ pub struct Block {
 }
 
 impl Block {
-    pub(super) fn new(id: String, sectors: u64, shared: Arc<Mutex<Shared>>, wake: EventFd) -> Self {
+    pub(super) fn new(
+        id: String,
+        sectors: u64,
+        writable: bool,
+        shared: Arc<Mutex<Shared>>,
+        wake: EventFd,
+    ) -> Self {
         let mut config = [0u8; CONFIG_LEN];
         config[..8].copy_from_slice(&sectors.to_le_bytes());
         // size_max (bytes 8..12) stays 0: not offered.
@@ -53,6 +61,7 @@ impl Block {
         Self {
             id,
             sectors,
+            writable,
             config,
             shared,
             wake,
@@ -76,7 +85,14 @@ impl VirtioDevice for Block {
     }
 
     fn features(&self) -> u64 {
-        (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_BLK_F_RO) | (1 << VIRTIO_BLK_F_SEG_MAX)
+        // A writable disk offers FLUSH, so that the guest's fsync reaches
+        // the host file (fdatasync); without it Linux would take the
+        // disk's writes as durable the moment they are acknowledged.
+        let access = match self.writable {
+            true => 1 << VIRTIO_BLK_F_FLUSH,
+            false => 1 << VIRTIO_BLK_F_RO,
+        };
+        (1 << VIRTIO_F_VERSION_1) | access | (1 << VIRTIO_BLK_F_SEG_MAX)
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {

@@ -2,7 +2,6 @@
 //! queue's eventfd and the wakeup the device half writes at activation,
 //! and serves every request chain the driver has made available.
 
-use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
@@ -31,16 +30,13 @@ impl BlockHandler {
         shared: Arc<Mutex<Shared>>,
         wake: EventFd,
         queue_evt: EventFd,
-        file: File,
-        id: &str,
-        file_len: u64,
-        sectors: u64,
+        disk: Disk,
     ) -> Self {
         Self {
             shared,
             wake,
             queue_evt,
-            disk: Disk::new(file, id, file_len, sectors),
+            disk,
             served: 0,
         }
     }

@@ -1,12 +1,13 @@
-//! A read-only virtio-blk device (virtio 1.2 section 5.2) over a host
-//! file: how the guest gets its image root (docs/images.md).
+//! A virtio-blk device (virtio 1.2 section 5.2) over a host file: how the
+//! guest gets its image root (docs/images.md), read-only, and a named
+//! sandbox its disk (docs/sandboxes.md), writable.
 //!
 //! No maintained crate parses block requests, so this follows
-//! Firecracker's `devices/virtio/block` as the model, cut down to what a
-//! read-only root needs: IN (read), GET_ID and FLUSH (a no-op on a disk
-//! nothing writes); OUT is refused with IOERR and every other type with
-//! UNSUPP. Every length the guest gives is checked (request.rs) before a
-//! byte of the file is read.
+//! Firecracker's `devices/virtio/block` as the model, cut down to what the
+//! two need: IN (read), GET_ID, and on a writable disk OUT (`pwrite`) and
+//! FLUSH (`fdatasync`). On a read-only disk OUT is refused with IOERR and
+//! FLUSH is a no-op; every other type is UNSUPP. Every length the guest
+//! gives is checked (request.rs) before a byte of the file is touched.
 //!
 //! The capacity the guest sees is normally the file's size. A device made
 //! with [`new_with_capacity`] advertises more: the file lies at the disk's
@@ -17,8 +18,9 @@
 //! Threads: the [`Block`] half sits behind the MMIO transport (vCPU
 //! threads); the [`BlockHandler`] half is an event-loop subscriber that
 //! serves the one request queue. Requests are served synchronously with
-//! positional reads (`pread`) of the file, so none is ever in flight
-//! between two events: a snapshot needs nothing but the ring positions.
+//! positional reads and writes (`pread`, `pwrite`) of the file, so none is
+//! ever in flight between two events: a snapshot needs nothing but the
+//! ring positions.
 
 pub mod defs;
 mod device;
@@ -92,15 +94,45 @@ pub fn new_with_capacity(
     let [queue_evt]: [EventFd; QUEUE_COUNT] = queue_evts
         .try_into()
         .map_err(|v: Vec<EventFd>| Error::QueueEvents(v.len()))?;
+    build(file, id, queue_evt, len, sectors, false)
+}
+
+/// A writable disk over `file` (opened read-write by the caller): the
+/// capacity is the file's size, and the guest's writes go to the file.
+pub fn new_writable(
+    file: File,
+    id: &str,
+    queue_evts: Vec<EventFd>,
+) -> Result<(Block, BlockHandler), Error> {
+    let len = image_len(&file)?;
+    if id.len() > ID_BYTES {
+        return Err(Error::IdTooLong(id.to_string()));
+    }
+    let [queue_evt]: [EventFd; QUEUE_COUNT] = queue_evts
+        .try_into()
+        .map_err(|v: Vec<EventFd>| Error::QueueEvents(v.len()))?;
+    build(file, id, queue_evt, len, len / SECTOR_SIZE, true)
+}
+
+fn build(
+    file: File,
+    id: &str,
+    queue_evt: EventFd,
+    len: u64,
+    sectors: u64,
+    writable: bool,
+) -> Result<(Block, BlockHandler), Error> {
     let wake = EventFd::new(EFD_NONBLOCK).map_err(Error::EventFd)?;
     let shared = Arc::new(Mutex::new(Shared::default()));
     let device = Block::new(
         id.to_string(),
         sectors,
+        writable,
         shared.clone(),
         wake.try_clone().map_err(Error::EventFd)?,
     );
-    let handler = BlockHandler::new(shared, wake, queue_evt, file, id, len, sectors);
+    let disk = request::Disk::new(file, id, len, sectors, writable);
+    let handler = BlockHandler::new(shared, wake, queue_evt, disk);
     Ok((device, handler))
 }
 

@@ -41,6 +41,15 @@ fn read_header(reader: &mut Reader) -> Option<Header> {
     })
 }
 
+/// The (disk position, length) pieces of at most READ_CHUNK bytes that
+/// cover `len` bytes from `start`: a request costs no more host memory
+/// than the buffer, whatever its length.
+fn chunks(start: u64, len: usize) -> impl Iterator<Item = (u64, usize)> {
+    (0..len)
+        .step_by(READ_CHUNK)
+        .map(move |off| (start + off as u64, (len - off).min(READ_CHUNK)))
+}
+
 /// The disk a request is served from: `file_len` bytes of the file, then
 /// zeros up to the capacity of `sectors`.
 pub(super) struct Disk {
@@ -50,11 +59,13 @@ pub(super) struct Disk {
     file_len: u64,
     /// The capacity the guest sees.
     sectors: u64,
+    /// OUT and FLUSH reach the file (else OUT is an I/O error).
+    writable: bool,
     buf: Vec<u8>,
 }
 
 impl Disk {
-    pub(super) fn new(file: File, id: &str, file_len: u64, sectors: u64) -> Self {
+    pub(super) fn new(file: File, id: &str, file_len: u64, sectors: u64, writable: bool) -> Self {
         let mut padded = [0u8; ID_BYTES];
         let len = id.len().min(ID_BYTES);
         padded[..len].copy_from_slice(&id.as_bytes()[..len]);
@@ -63,6 +74,7 @@ impl Disk {
             id: padded,
             file_len,
             sectors,
+            writable,
             buf: vec![0; READ_CHUNK],
         }
     }
@@ -88,9 +100,14 @@ impl Disk {
             None => VIRTIO_BLK_S_IOERR,
             Some(h) => match h.kind {
                 VIRTIO_BLK_T_IN => self.read(h.sector, &mut data),
-                // The disk is read-only (VIRTIO_BLK_F_RO): a driver that
-                // writes anyway gets an I/O error, as from Firecracker.
+                VIRTIO_BLK_T_OUT if self.writable => self.write(h.sector, &mut reader),
+                // A read-only disk (VIRTIO_BLK_F_RO): a driver that writes
+                // anyway gets an I/O error, as from Firecracker.
                 VIRTIO_BLK_T_OUT => VIRTIO_BLK_S_IOERR,
+                VIRTIO_BLK_T_FLUSH if self.writable => match self.file.sync_data() {
+                    Ok(()) => VIRTIO_BLK_S_OK,
+                    Err(_) => VIRTIO_BLK_S_IOERR,
+                },
                 // Nothing is ever written, so nothing is ever unflushed.
                 VIRTIO_BLK_T_FLUSH => VIRTIO_BLK_S_OK,
                 VIRTIO_BLK_T_GET_ID => self.get_id(&mut data),
@@ -103,25 +120,27 @@ impl Disk {
         (data.bytes_written() + 1) as u32
     }
 
+    /// Where a request of `len` bytes at `sector` starts on the disk, if
+    /// it is whole sectors, at most MAX_REQUEST_BYTES and inside the
+    /// capacity.
+    fn range(&self, sector: u64, len: usize) -> Option<u64> {
+        if !len.is_multiple_of(SECTOR_SIZE as usize) || len > MAX_REQUEST_BYTES {
+            return None;
+        }
+        let start = sector.checked_mul(SECTOR_SIZE)?;
+        let end = start.checked_add(len as u64)?;
+        (end <= self.sectors * SECTOR_SIZE).then_some(start)
+    }
+
     /// VIRTIO_BLK_T_IN: whole sectors inside the disk's capacity, at most
     /// MAX_REQUEST_BYTES, read in READ_CHUNK pieces; the part of a chunk
     /// past the file's end is zeros, not read.
     fn read(&mut self, sector: u64, data: &mut Writer) -> u32 {
         let len = data.available_bytes();
-        if !len.is_multiple_of(SECTOR_SIZE as usize) || len > MAX_REQUEST_BYTES {
-            return VIRTIO_BLK_S_IOERR;
-        }
-        let Some(start) = sector.checked_mul(SECTOR_SIZE) else {
+        let Some(start) = self.range(sector, len) else {
             return VIRTIO_BLK_S_IOERR;
         };
-        let end = start.checked_add(len as u64);
-        if end.is_none_or(|end| end > self.sectors * SECTOR_SIZE) {
-            return VIRTIO_BLK_S_IOERR;
-        }
-        let mut at = start;
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(self.buf.len());
+        for (at, n) in chunks(start, len) {
             let chunk = &mut self.buf[..n];
             // At most n, so it fits in usize.
             let from_file = self.file_len.saturating_sub(at).min(n as u64) as usize;
@@ -136,8 +155,24 @@ impl Disk {
             if data.write_all(chunk).is_err() {
                 return VIRTIO_BLK_S_IOERR;
             }
-            at += n as u64;
-            left -= n;
+        }
+        VIRTIO_BLK_S_OK
+    }
+
+    /// VIRTIO_BLK_T_OUT on a writable disk: the same bounds as a read,
+    /// the data copied from the guest in READ_CHUNK pieces and written at
+    /// its place in the file (a writable disk's file is its whole
+    /// capacity, so no zeros lie past it).
+    fn write(&mut self, sector: u64, data: &mut Reader) -> u32 {
+        let len = data.available_bytes();
+        let Some(start) = self.range(sector, len) else {
+            return VIRTIO_BLK_S_IOERR;
+        };
+        for (at, n) in chunks(start, len) {
+            let chunk = &mut self.buf[..n];
+            if data.read_exact(chunk).is_err() || self.file.write_all_at(chunk, at).is_err() {
+                return VIRTIO_BLK_S_IOERR;
+            }
         }
         VIRTIO_BLK_S_OK
     }

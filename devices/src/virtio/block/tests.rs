@@ -94,7 +94,7 @@ fn serve(m: &GuestMemoryMmap, descs: &[RawDescriptor]) -> (u32, u8) {
     m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
     let q = MockSplitQueue::new(m, QUEUE_SIZE);
     let chain = q.build_desc_chain(descs).unwrap();
-    let mut disk = Disk::new(disk_file(), "mvm-root", DISK_LEN, DISK_SECTORS);
+    let mut disk = Disk::new(disk_file(), "mvm-root", DISK_LEN, DISK_SECTORS, false);
     let used = disk.serve(chain, m);
     (used, m.read_obj(GuestAddress(STATUS)).unwrap())
 }
@@ -128,7 +128,7 @@ fn serve_padded(
     let len = file.metadata().unwrap().len();
     let q = MockSplitQueue::new(m, QUEUE_SIZE);
     let chain = q.build_desc_chain(descs).unwrap();
-    let mut disk = Disk::new(file, "mvm-root", len, capacity);
+    let mut disk = Disk::new(file, "mvm-root", len, capacity, false);
     let used = disk.serve(chain, m);
     (used, m.read_obj(GuestAddress(STATUS)).unwrap())
 }
@@ -202,6 +202,7 @@ fn partial_sectors_and_oversized_requests_are_io_errors() {
             "x",
             sectors * SECTOR_SIZE,
             sectors,
+            false,
         );
         disk.serve(chain, &m);
         m.read_obj::<u8>(GuestAddress(STATUS)).unwrap()
@@ -226,7 +227,13 @@ fn writes_are_refused_and_leave_the_file_alone() {
         ])
         .unwrap();
     let file = disk_file();
-    let mut disk = Disk::new(file.try_clone().unwrap(), "x", DISK_LEN, DISK_SECTORS);
+    let mut disk = Disk::new(
+        file.try_clone().unwrap(),
+        "x",
+        DISK_LEN,
+        DISK_SECTORS,
+        false,
+    );
     assert_eq!(disk.serve(chain, &m), 1);
     assert_eq!(
         m.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
@@ -280,7 +287,7 @@ fn malformed_chains() {
     let chain = q
         .build_desc_chain(&[desc(HDR, HEADER_LEN as u32, false)])
         .unwrap();
-    let mut disk = Disk::new(disk_file(), "x", DISK_LEN, DISK_SECTORS);
+    let mut disk = Disk::new(disk_file(), "x", DISK_LEN, DISK_SECTORS, false);
     assert_eq!(disk.serve(chain, &m), 0);
     // A data buffer that runs past the end of guest memory.
     let outside = [
@@ -495,7 +502,13 @@ fn a_file_that_shrank_is_still_an_io_error_not_zeros() {
     m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
     let q = MockSplitQueue::new(&m, QUEUE_SIZE);
     let chain = q.build_desc_chain(&descs).unwrap();
-    let mut disk = Disk::new(file.try_clone().unwrap(), "x", DISK_LEN, PADDED_SECTORS);
+    let mut disk = Disk::new(
+        file.try_clone().unwrap(),
+        "x",
+        DISK_LEN,
+        PADDED_SECTORS,
+        false,
+    );
     file.set_len(DISK_LEN - SECTOR_SIZE).unwrap();
     assert_eq!(disk.serve(chain, &m), 1);
     assert_eq!(
@@ -608,4 +621,106 @@ fn refuses_a_capacity_smaller_than_the_file_or_beyond_any_file() {
         super::new_with_capacity(tempfile(), "x", evt(), PADDED_SECTORS),
         Err(super::Error::Empty)
     ));
+}
+
+/// An OUT request writing `data` at `sector` through a writable disk over
+/// `file`; returns (used length, status byte).
+fn write_request(m: &GuestMemoryMmap, file: &File, sector: u64, data: &[u8]) -> (u32, u8) {
+    header(m, VIRTIO_BLK_T_OUT, sector);
+    m.write_slice(data, GuestAddress(DATA)).unwrap();
+    m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    let q = MockSplitQueue::new(m, QUEUE_SIZE);
+    let chain = q
+        .build_desc_chain(&[
+            desc(HDR, HEADER_LEN as u32, false),
+            desc(DATA, data.len() as u32, false),
+            desc(STATUS, 1, true),
+        ])
+        .unwrap();
+    let mut disk = Disk::new(file.try_clone().unwrap(), "x", DISK_LEN, DISK_SECTORS, true);
+    (
+        disk.serve(chain, m),
+        m.read_obj(GuestAddress(STATUS)).unwrap(),
+    )
+}
+
+#[test]
+fn a_writable_disk_writes_where_asked_and_reads_it_back() {
+    let m = mem();
+    let file = disk_file();
+    let data: Vec<u8> = (0..1024).map(|i| (i % 200) as u8 + 7).collect();
+    assert_eq!(
+        write_request(&m, &file, 3, &data),
+        (1, VIRTIO_BLK_S_OK as u8)
+    );
+    let mut back = vec![0u8; 1024];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 3 * SECTOR_SIZE).unwrap();
+    assert_eq!(back, data);
+    // The sectors around it are untouched.
+    let mut before = [0u8; 512];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut before, 2 * SECTOR_SIZE).unwrap();
+    assert!(before.iter().all(|&b| b == 2));
+    let mut after = [0u8; 512];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut after, 5 * SECTOR_SIZE).unwrap();
+    assert!(after.iter().all(|&b| b == 5));
+    // FLUSH is served (fdatasync) on a writable disk.
+    header(&m, VIRTIO_BLK_T_FLUSH, 0);
+    m.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+    let q = MockSplitQueue::new(&m, QUEUE_SIZE);
+    let chain = q
+        .build_desc_chain(&[desc(HDR, HEADER_LEN as u32, false), desc(STATUS, 1, true)])
+        .unwrap();
+    let mut disk = Disk::new(file, "x", DISK_LEN, DISK_SECTORS, true);
+    assert_eq!(disk.serve(chain, &m), 1);
+    assert_eq!(
+        m.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_BLK_S_OK as u8
+    );
+}
+
+#[test]
+fn writes_outside_the_disk_or_of_partial_sectors_fail_before_touching_the_file() {
+    let m = mem();
+    let file = disk_file();
+    let io_err = (1, VIRTIO_BLK_S_IOERR as u8);
+    // The last sector and one past it; a partial sector; past the end.
+    assert_eq!(
+        write_request(&m, &file, DISK_SECTORS - 1, &[9; 1024]),
+        io_err
+    );
+    assert_eq!(write_request(&m, &file, 0, &[9; 100]), io_err);
+    assert_eq!(write_request(&m, &file, DISK_SECTORS, &[9; 512]), io_err);
+    assert_eq!(write_request(&m, &file, u64::MAX / 256, &[9; 512]), io_err);
+    assert_eq!(
+        file.metadata().unwrap().len(),
+        DISK_LEN,
+        "the file did not grow"
+    );
+    let mut last = [0u8; 512];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut last, DISK_LEN - SECTOR_SIZE).unwrap();
+    assert!(
+        last.iter().all(|&b| b == (DISK_SECTORS - 1) as u8),
+        "nothing was written"
+    );
+}
+
+#[test]
+fn a_writable_disk_offers_flush_not_read_only() {
+    let (device, _) = super::new_writable(
+        disk_file(),
+        "mvm-disk",
+        vec![EventFd::new(EFD_NONBLOCK).unwrap()],
+    )
+    .unwrap();
+    let features = device.features();
+    assert_ne!(features & (1 << VIRTIO_BLK_F_FLUSH), 0);
+    assert_eq!(features & (1 << VIRTIO_BLK_F_RO), 0);
+    let (ro, _) = super::new(
+        disk_file(),
+        "mvm-root",
+        vec![EventFd::new(EFD_NONBLOCK).unwrap()],
+    )
+    .unwrap();
+    assert_ne!(ro.features() & (1 << VIRTIO_BLK_F_RO), 0);
+    assert_eq!(ro.features() & (1 << VIRTIO_BLK_F_FLUSH), 0);
 }

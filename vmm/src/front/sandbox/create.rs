@@ -5,7 +5,7 @@
 //! says why it cannot. A `create` that fails leaves nothing behind.
 
 use std::fs::{self, File};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::super::run::{plan_machine, print_console_tail};
 use super::super::{setup_failure, Failure};
-use super::{refuse_one_shot_options, sandbox_failure, CreateArgs};
+use super::{disk_bytes, refuse_one_shot_options, sandbox_failure, CreateArgs};
 use crate::exit_code;
 use crate::sandboxes::{Paths, Record, State, SUPERVISOR_LOG};
 
@@ -32,9 +32,11 @@ pub fn create(name: &str, options: &CreateArgs, args: Vec<String>) -> Result<i32
             name.to_string(),
         )));
     }
+    let disk = disk_bytes(&options.disk)?;
     // Everything a run checks (shares, KVM, kernel) and the image pulled
     // and converted, here where its progress can be seen.
-    plan_machine(&options.vm, &options.run)?;
+    let machine = plan_machine(&options.vm, &options.run)?;
+    let image_root = machine.config.root_disk.is_some();
     let cwd = std::env::current_dir()
         .map_err(|e| setup_failure(format!("cannot read the current directory: {e}")))?;
     let record = Record {
@@ -53,9 +55,18 @@ pub fn create(name: &str, options: &CreateArgs, args: Vec<String>) -> Result<i32
         cpus: options.vm.cpus,
         shares: shares_shown(options),
         allow: options.run.egress.allow.clone(),
+        disk: match image_root {
+            true => options.disk.clone(),
+            false => String::new(),
+        },
     };
     paths.create_record(&record).map_err(sandbox_failure)?;
-    match run_supervisor(&paths, &record) {
+    let started = match image_root {
+        true => make_disk(&paths.disk_path(), disk),
+        false => Ok(()),
+    }
+    .and_then(|()| run_supervisor(&paths, &record));
+    match started {
         Ok(()) => {
             eprintln!("mvm: sandbox '{name}' is running: mvm exec {name} -- CMD");
             Ok(0)
@@ -84,6 +95,24 @@ pub fn start(name: &str) -> Result<i32, Failure> {
             Ok(0)
         }
     }
+}
+
+/// The sandbox's disk: a sparse file of `bytes`, private to the user;
+/// the guest makes its filesystem on first use.
+fn make_disk(path: &Path, bytes: u64) -> Result<(), Failure> {
+    let fail = |e: std::io::Error| {
+        setup_failure(format!(
+            "cannot make the sandbox's disk {}: {e}",
+            path.display()
+        ))
+    };
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(fail)?;
+    file.set_len(bytes).map_err(fail)
 }
 
 /// The record's args with the image made explicit: a later `start` must

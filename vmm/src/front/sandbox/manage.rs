@@ -47,6 +47,9 @@ struct Row {
     /// Hosts the egress proxy allows; empty: no network.
     allow: Vec<String>,
     pid: Option<i32>,
+    /// The disk's size as given, and the host space it takes now.
+    disk: String,
+    disk_used_bytes: Option<u64>,
 }
 
 fn row(paths: &Paths, record: Record) -> Row {
@@ -68,6 +71,10 @@ fn row(paths: &Paths, record: Record) -> Row {
         shares: record.shares,
         allow: record.allow,
         pid: alive.then(|| paths.pid()).flatten(),
+        disk: record.disk,
+        disk_used_bytes: fs::metadata(paths.disk_path())
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512),
     }
 }
 
@@ -89,19 +96,23 @@ pub fn ls(args: &LsArgs) -> Result<i32, Failure> {
     }
     let _ = writeln!(
         out,
-        "{:<16} {:<9} {:<20} {:>8} {:>7} {:>4} {:>8}  SHARES / ALLOW",
-        "NAME", "STATE", "IMAGE", "UPTIME", "MEMORY", "CPUS", "PID"
+        "{:<16} {:<9} {:<20} {:>8} {:>7} {:>4} {:>8} {:>12}  SHARES / ALLOW",
+        "NAME", "STATE", "IMAGE", "UPTIME", "MEMORY", "CPUS", "PID", "DISK"
     );
     for r in rows {
         let uptime = r.uptime_s.map_or("-".into(), |s| format!("{s}s"));
         let pid = r.pid.map_or("-".into(), |p| p.to_string());
+        let disk = match r.disk_used_bytes {
+            Some(used) => format!("{}M/{}", used >> 20, r.disk),
+            None => "-".into(),
+        };
         let policy = match r.allow.is_empty() {
             true => "no network".to_string(),
             false => format!("allow {}", r.allow.join(",")),
         };
         let _ = writeln!(
             out,
-            "{:<16} {:<9} {:<20} {:>8} {:>7} {:>4} {:>8}  {} / {}",
+            "{:<16} {:<9} {:<20} {:>8} {:>7} {:>4} {:>8} {:>12}  {} / {}",
             r.name,
             r.state.name(),
             r.image,
@@ -109,6 +120,7 @@ pub fn ls(args: &LsArgs) -> Result<i32, Failure> {
             r.memory,
             r.cpus,
             pid,
+            disk,
             r.shares.join(" "),
             policy
         );

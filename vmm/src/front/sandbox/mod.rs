@@ -20,10 +20,31 @@ pub use exec::exec;
 pub use manage::{logs, ls, rm, stop, LsArgs, RmArgs};
 pub use supervise::supervise;
 
+/// `--disk`'s default.
+pub const DEFAULT_DISK: &str = "4G";
+/// The smallest disk `--disk` takes.
+const MIN_DISK: u64 = 64 << 20;
+
+/// `--disk SIZE` in bytes: at least 64M, whole 512-byte sectors.
+fn disk_bytes(text: &str) -> Result<u64, Failure> {
+    match crate::config::parse_size(text) {
+        Ok(n) if n >= MIN_DISK => Ok(n - n % 512),
+        _ => Err(setup_failure(format!(
+            "--disk '{text}' is not a size of at least 64M (e.g. 4G or 20G)"
+        ))),
+    }
+}
+
 /// `mvm create`'s options after the name: those of `mvm run`, which
 /// become the sandbox's machine and every exec's defaults.
 #[derive(Args, Debug)]
 pub struct CreateArgs {
+    /// The sandbox's disk: everything written to its root (packages,
+    /// files under /usr, /home, ...) lives there and is kept across stop
+    /// and start. A sparse file: it takes host space only as it fills.
+    /// With an image root only (not --image none)
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_DISK)]
+    pub disk: String,
     #[command(flatten)]
     pub vm: VmArgs,
     #[command(flatten)]

@@ -60,11 +60,21 @@ pub fn supervise(name: &str) -> Result<i32, Failure> {
     let ready = File::create(paths.runtime_file(READY)).map_err(|e| file_err(READY, e))?;
 
     let Machine {
-        config,
+        mut config,
         image,
         shares,
         mut front,
     } = plan_machine(vm, run)?;
+    if config.root_disk.is_some() {
+        let disk = paths.disk_path();
+        if !disk.is_file() {
+            return Err(setup_failure(format!(
+                "the sandbox's disk {} is missing, and with it what was written to its root: remove the sandbox (mvm rm {name}) and create it again",
+                disk.display()
+            )));
+        }
+        config.sandbox_disk = Some(disk);
+    }
     let mut request = exec_request(
         run,
         Vec::new(),
