@@ -6,7 +6,8 @@
 //! writable layer is on the sandbox's disk), statuses and streams kept apart, three commands at once, one
 //! command's crash leaving the others alone, `ls`, `logs`, `stop` and
 //! `start`, the refusals (a name in use, a sandbox running already, an
-//! exec in a stopped or unknown one, a bad name), a corrupt record named
+//! exec in a stopped or unknown one, a bad name, a start whose workspace
+//! has gone), a corrupt record named
 //! with its path, another user refused even where the directories let it
 //! reach the socket, and a supervisor killed with SIGKILL: `ls` says
 //! dead, `rm` removes every trace (no process, no directory).
@@ -77,6 +78,12 @@ $MVM stop e2e 2>/dev/null; say "stop: $?"
 $MVM ls | grep '^e2e ' | awk '{print "stopped ls: " $2}'
 $MVM exec e2e -- true 2>/run/tmp/e; say "exec stopped: $? $(grep -c 'mvm start e2e' /run/tmp/e)"
 $MVM exec nope -- true 2>/run/tmp/e; say "exec unknown: $? $(grep -c 'no sandbox named' /run/tmp/e)"
+# Shares are checked again at start: a workspace that went is refused.
+mv /run/tmp/ws /run/tmp/ws.away
+$MVM start e2e 2>/run/tmp/e; say "start without workspace: $? $(grep -c '/run/tmp/ws' /run/tmp/e)"
+sed 's/^/start without workspace err: /' /run/tmp/e
+$MVM ls | grep '^e2e ' | awk '{print "after a failed start: " $2}'
+mv /run/tmp/ws.away /run/tmp/ws
 $MVM start e2e 2>/run/tmp/e; say "start: $?"
 sed 's/^/start err: /' /run/tmp/e
 say "after start: $($MVM exec e2e -- cat /workspace/f) $?"
@@ -149,6 +156,8 @@ fn a_sandbox_serves_many_commands_and_leaves_nothing_when_removed() {
         "stopped ls: stopped",
         "exec stopped: 125 1",
         "exec unknown: 125 1",
+        "start without workspace: 125 1",
+        "after a failed start: stopped",
         "start: 0",
         "after start: hello 0",
         "kept: installed",

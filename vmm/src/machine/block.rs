@@ -47,12 +47,7 @@ pub fn attach_sandbox_disk(env: &mut DeviceEnv, path: &Path) -> Result<(), Error
         .write(true)
         .open(path)
         .map_err(|e| fail(e.to_string()))?;
-    // SAFETY: flock on an fd this File owns; the lock goes with the file.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(fail(
-            "in use by another machine (is the sandbox running already?)".into(),
-        ));
-    }
+    lock_exclusive(&file).map_err(fail)?;
     attach_virtio(env, block_spec(SANDBOX_DISK_REGISTRY_ID), |wiring| {
         let (device, handler) = block::new_writable(file, SANDBOX_DISK_ID, wiring.queue_evts)
             .map_err(|e| fail(e.to_string()))?;
@@ -61,11 +56,45 @@ pub fn attach_sandbox_disk(env: &mut DeviceEnv, path: &Path) -> Result<(), Error
     Ok(())
 }
 
+/// The disk's exclusive lock (held as long as `file` is open), or why
+/// not.
+fn lock_exclusive(file: &File) -> Result<(), String> {
+    // SAFETY: flock on an fd this File owns; the lock goes with the file.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    Err(match std::io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+            "in use by another machine (is the sandbox running already?)".into()
+        }
+        e => format!("cannot lock it: {e}"),
+    })
+}
+
 fn block_spec(id: &'static str) -> VirtioSpec<'static> {
     VirtioSpec {
         id,
         what: "virtio-blk",
         queues: block::defs::QUEUE_COUNT,
         signaller: Signaller::Device,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_disk_in_use_is_refused_until_its_holder_closes_it() {
+        let path = std::env::temp_dir().join(format!("mvm-disk-lock-{}", std::process::id()));
+        std::fs::write(&path, [0u8; 512]).unwrap();
+        let first = File::options().read(true).write(true).open(&path).unwrap();
+        let second = File::options().read(true).write(true).open(&path).unwrap();
+        assert_eq!(lock_exclusive(&first), Ok(()));
+        let refused = lock_exclusive(&second).unwrap_err();
+        assert!(refused.contains("in use"), "{refused}");
+        drop(first);
+        assert_eq!(lock_exclusive(&second), Ok(()));
+        std::fs::remove_file(&path).unwrap();
     }
 }
