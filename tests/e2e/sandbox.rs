@@ -71,8 +71,11 @@ nsenter -S 65534 -G 65534 -- $MVM exec e2e -- touch /tmp/intruder 2>/run/tmp/e; 
 say "other user: $s $(grep -c 'did not take the command' /run/tmp/e)"
 sed 's/^/other user err: /' /run/tmp/e
 open_up 700
-$MVM exec e2e --root -- ls /tmp/intruder >/dev/null 2>&1 && i=present || i=absent
-say "intruder file: $i"
+probe() { $MVM exec e2e --root -- ls "$1" >/dev/null 2>&1 && echo present || echo absent; }
+say "intruder file: $(probe /tmp/intruder)"
+# The positive control: the owner's same command, seen by the same probe.
+$MVM exec e2e -- touch /tmp/owner-control
+say "owner file: $(probe /tmp/owner-control)"
 
 $MVM stop e2e 2>/dev/null; say "stop: $?"
 $MVM ls | grep '^e2e ' | awk '{print "stopped ls: " $2}'
@@ -152,6 +155,7 @@ fn a_sandbox_serves_many_commands_and_leaves_nothing_when_removed() {
         "after the crash: alive 0",
         "other user: 125 1",
         "intruder file: absent",
+        "owner file: present",
         "stop: 0",
         "stopped ls: stopped",
         "exec stopped: 125 1",

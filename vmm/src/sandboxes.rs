@@ -18,7 +18,6 @@
 
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -274,7 +273,8 @@ impl Paths {
     /// Whether a supervisor holds the lock right now.
     pub fn supervised(&self) -> bool {
         match File::open(self.runtime_file(LOCK)) {
-            Ok(lock) => !try_lock(&lock),
+            // Taken (and dropped with the file): nobody held it.
+            Ok(lock) => !crate::session::dir::try_lock(&lock).unwrap_or(false),
             Err(_) => false,
         }
     }
@@ -320,13 +320,6 @@ impl Paths {
             .map(|n| Paths::under(&data_root, &runtime_root, n))
             .collect())
     }
-}
-
-/// Takes an exclusive flock without waiting; whether it was free. The
-/// lock goes with the file.
-pub fn try_lock(file: &File) -> bool {
-    // SAFETY: flock on an fd this File owns; no memory is involved.
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
 #[cfg(test)]
@@ -413,7 +406,7 @@ mod tests {
         fs::write(paths.runtime_file(PID), b"999999999\n").unwrap();
         // A pid file and nobody holding the lock: killed.
         assert_eq!(paths.state(), State::Dead);
-        assert!(try_lock(&lock));
+        assert!(crate::session::dir::try_lock(&lock).unwrap());
         assert_eq!(paths.state(), State::Starting);
         fs::write(paths.runtime_file(READY), b"").unwrap();
         assert_eq!(paths.state(), State::Starting, "made, not yet written");

@@ -185,8 +185,8 @@ fn remove_file_at(path: &Path) {
 }
 
 /// An exclusive flock without waiting: Ok(true) taken, Ok(false) held by
-/// someone else.
-fn try_lock(file: &File) -> io::Result<bool> {
+/// someone else (also how `crate::sandboxes` tells a live supervisor).
+pub fn try_lock(file: &File) -> io::Result<bool> {
     // SAFETY: flock on an fd this File owns; no memory is involved.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
         return Ok(true);

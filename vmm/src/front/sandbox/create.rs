@@ -74,6 +74,7 @@ pub fn create(name: &str, options: &CreateArgs, args: Vec<String>) -> Result<i32
         Err(failure) => {
             let _ = fs::remove_dir_all(&paths.runtime);
             let _ = fs::remove_dir_all(&paths.data);
+            crate::sandboxes::remove_empty_roots();
             Err(failure)
         }
     }

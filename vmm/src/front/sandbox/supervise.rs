@@ -10,6 +10,7 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -141,7 +142,7 @@ pub fn supervise(name: &str) -> Result<i32, Failure> {
     if let Some(why) = failed.lock().ok().and_then(|mut f| f.take()) {
         return Err(setup_failure(why));
     }
-    let asked = stopping.lock().is_ok_and(|s| *s);
+    let asked = stopping.load(Ordering::SeqCst);
     match ended.outcome {
         // Powered off: after a stop request, or by root in the guest.
         Outcome::Exited(0) => Ok(0),
@@ -159,11 +160,8 @@ pub fn supervise(name: &str) -> Result<i32, Failure> {
 /// SIGTERM, SIGINT and SIGHUP ask the guest to end (through the sandbox
 /// thread) and arm the timer that stops the machine if it does not.
 /// Returns whether a stop was asked for.
-fn watch_signals(
-    stop: StopHandle,
-    shutdown: mpsc::Sender<()>,
-) -> Result<Arc<Mutex<bool>>, Failure> {
-    let asked = Arc::new(Mutex::new(false));
+fn watch_signals(stop: StopHandle, shutdown: mpsc::Sender<()>) -> Result<Arc<AtomicBool>, Failure> {
+    let asked = Arc::new(AtomicBool::new(false));
     let seen = asked.clone();
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
         .map_err(|e| setup_failure(format!("cannot install signal handlers: {e}")))?;
@@ -172,9 +170,7 @@ fn watch_signals(
         .spawn(move || {
             seccomp::install_or_exit(ThreadKind::Signals);
             for sig in signals.forever() {
-                if let Ok(mut seen) = seen.lock() {
-                    *seen = true;
-                }
+                seen.store(true, Ordering::SeqCst);
                 let _ = shutdown.send(());
                 let stop = stop.clone();
                 thread::spawn(move || {
