@@ -71,8 +71,15 @@ ip link set lo up || die "bring up lo"
 # cache=mmap: no caching of data or metadata (the host sees every write at
 # once, and we see the host's), but mmap works, which the static mvm binary
 # and anything mvm maps from the workspace may need.
+# /io gets cache=none: nothing maps its files, and it is the one share where
+# a file is read (the @MARKER watcher's grep of /io/stdout) while another
+# process writes it. With cache=mmap (write-through, read-cached folios
+# since 9p moved to netfs) that once left the host a stdout whose first
+# line ("ready") was six garbage bytes: the marker was never seen and the
+# test that waited for it failed. cache=none reads and writes straight
+# through to QEMU, with no folio in between.
 p9opts=trans=virtio,version=9p2000.L,msize=512000,cache=mmap
-mount -t 9p -o "$p9opts" mvmio /io || die "mount the mvmio share at /io"
+mount -t 9p -o "${p9opts%,cache=mmap},cache=none" mvmio /io || die "mount the mvmio share at /io"
 mount -t 9p -o "$p9opts,ro" mvmbuild /mvm || die "mount the mvmbuild share at /mvm"
 
 cwd=$(cat /io/cwd) || die "no /io/cwd"

@@ -38,6 +38,10 @@ pub struct VmConfig {
     /// A named sandbox's disk (a file of its whole capacity): a writable
     /// virtio-blk disk that holds the image root's upper layer.
     pub sandbox_disk: Option<PathBuf>,
+    /// A virtio-balloon device whose free page reporting gives memory the
+    /// guest frees back to the host (a long-lived machine: a named
+    /// sandbox).
+    pub free_page_reporting: bool,
 }
 
 /// A read-only EROFS image the guest mounts as the lower layer of its

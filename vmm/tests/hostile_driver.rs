@@ -1,5 +1,5 @@
 //! A hostile guest driver for real: a hand-written guest on this machine's
-//! own /dev/kvm drives the block and the vsock device through KVM's MMIO
+//! own /dev/kvm drives the block, the vsock and the balloon device through KVM's MMIO
 //! exits and ioeventfds, as a compromised guest kernel would. It rewrites
 //! queue registers after DRIVER_OK, resets a device with requests in
 //! flight, points rings at address 0 and past memory, makes descriptor
@@ -213,8 +213,8 @@ fn ring_base(q: u64) -> u64 {
     RINGS + q * 0x1_0000
 }
 
-/// Runs `code` with a root disk (slot 0) of `disk` and a vsock device
-/// (slot 1); the outcome and the console.
+/// Runs `code` with a root disk (slot 0) of `disk`, a vsock device
+/// (slot 1) and the balloon (slot 2); the outcome and the console.
 fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
     kvm_or_skip(test)?;
     let dir = TempDir::new_with_prefix(std::env::temp_dir().join("mvm-hostile-")).unwrap();
@@ -239,6 +239,7 @@ fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
             scratch_bytes: 1 << 20,
         }),
         sandbox_disk: None,
+        free_page_reporting: true,
     };
     let out = Captured::default();
     let mut machine = boot::boot(&cfg, ConsoleOutput::new(Box::new(out.clone()))).unwrap();
@@ -256,6 +257,7 @@ fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
 
 const BLOCK: u64 = 0;
 const VSOCK: u64 = 1;
+const BALLOON: u64 = 2;
 const NEEDS_RESET: u32 = 0x40;
 
 /// A disk whose first two sectors begin with text the guest prints.
@@ -457,4 +459,84 @@ fn the_vsock_device_keeps_serving_through_a_flood_and_resets() {
         "the request after the flood was not answered with OP_RST: {console:?}"
     );
     assert!(console.ends_with("done\n"), "{console:?}");
+}
+
+const REPORTING: u64 = 2;
+/// The page the balloon test reports free, and its neighbour it does not.
+const REPORTED: u64 = 0x100_0000;
+const PAGE: u32 = 4096;
+
+impl Guest {
+    /// A report of one range through descriptor `n % RING` at reporting
+    /// avail slot `n`; waits until the device gave it back.
+    fn report(&mut self, n: u16, addr: u64, len: u32) {
+        let slot = n % RING;
+        self.desc(REPORTING, slot, addr, len, DESC_F_WRITE, 0);
+        self.avail(REPORTING, n, slot);
+        self.reg(BALLOON, QUEUE_NOTIFY, REPORTING as u32);
+        self.wait_for_u16(ring_base(REPORTING) + 0x2000 + 2, n + 1, b"report late\n");
+    }
+
+    /// Prints `label` and the byte at `addr`, then a newline.
+    fn show(&mut self, label: &[u8], addr: u64) {
+        self.print(label);
+        self.print_byte_at(addr);
+        self.print(b"\n");
+    }
+}
+
+#[test]
+fn the_balloon_frees_only_whole_pages_of_guest_memory_the_guest_reported() {
+    let mut g = Guest::new();
+    g.start(BALLOON, 3);
+    g.write32(REPORTED, u32::from_le_bytes(*b"KEPT"));
+    g.write32(REPORTED + u64::from(PAGE), u32::from_le_bytes(*b"NEXT"));
+    g.show(b"before=", REPORTED);
+    // Ranges the device must refuse, each given back: past guest memory,
+    // not page-aligned, running past the end of memory, and one from
+    // address 0 over everything (the guest's own code: were it freed,
+    // this guest would crash and never print "done").
+    g.report(0, 0xffff_0000_0000, PAGE);
+    g.report(1, REPORTED + 1, PAGE);
+    g.report(2, (64 << 20) - u64::from(PAGE), 2 * PAGE);
+    g.report(3, 0, u32::MAX & !(PAGE - 1));
+    // A chain that loops on itself (over a page nobody looks at).
+    g.desc(
+        REPORTING,
+        4,
+        REPORTED + 2 * u64::from(PAGE),
+        PAGE,
+        DESC_F_WRITE | DESC_F_NEXT,
+        4,
+    );
+    g.avail(REPORTING, 4, 4);
+    g.reg(BALLOON, QUEUE_NOTIFY, REPORTING as u32);
+    g.wait_for_u16(ring_base(REPORTING) + 0x2000 + 2, 5, b"loop late\n");
+    g.show(b"refused=", REPORTED);
+    // An inflate the device never asked for: given back, nothing freed.
+    g.desc(0, 0, REPORTED, PAGE, 0, 0);
+    g.avail(0, 0, 0);
+    g.reg(BALLOON, QUEUE_NOTIFY, 0);
+    g.wait_for_u16(ring_base(0) + 0x2000 + 2, 1, b"inflate late\n");
+    g.show(b"inflated=", REPORTED);
+    // The control: the page reported properly reads as zeros after it
+    // came back, its neighbour keeps its bytes.
+    g.report(5, REPORTED, PAGE);
+    g.show(b"freed=", REPORTED);
+    g.show(b"next=", REPORTED + u64::from(PAGE));
+    let Some((outcome, console)) = run("hostile_driver", g.finish(), &disk()) else {
+        return;
+    };
+    assert_eq!(outcome, Outcome::Stopped, "{console:?}");
+    for line in [
+        "before=K\n",
+        "refused=K\n",
+        "inflated=K\n",
+        "freed=\0\n",
+        "next=N\n",
+    ] {
+        assert!(console.contains(line), "no {line:?} in {console:?}");
+    }
+    assert!(console.ends_with("done\n"), "{console:?}");
+    assert!(!console.contains(" late\n"), "{console:?}");
 }

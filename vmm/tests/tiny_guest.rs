@@ -31,6 +31,7 @@ fn config(kernel: &vmm_sys_util::tempfile::TempFile, vcpus: u8) -> VmConfig {
         shares: Vec::new(),
         root_disk: None,
         sandbox_disk: None,
+        free_page_reporting: false,
     }
 }
 

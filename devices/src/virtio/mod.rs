@@ -7,6 +7,7 @@
 //! through [`device::Interrupt`], an irqfd. The queues themselves are served
 //! by each device's event-loop subscriber, never on a vCPU thread.
 
+pub mod balloon;
 pub mod block;
 pub mod device;
 pub mod fs;

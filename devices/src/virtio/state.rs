@@ -60,6 +60,7 @@ pub enum VirtioDeviceSnapshot {
     Vsock { cid: u64 },
     Fs { tag: String },
     Block { id: String, sectors: u64 },
+    Balloon,
 }
 
 impl VirtioDeviceSnapshot {
@@ -68,6 +69,7 @@ impl VirtioDeviceSnapshot {
             Self::Vsock { .. } => "vsock device",
             Self::Fs { .. } => "virtio-fs device",
             Self::Block { .. } => "virtio-blk device",
+            Self::Balloon => "virtio-balloon device",
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct TemplateInfo {
     /// the key when absent, so that every other key stays as it was).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sandbox_disk: bool,
+    /// So is one with the balloon (left out when absent, likewise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free_page_reporting: bool,
     pub shares: usize,
     pub vsock_cid: Option<u64>,
     pub snapshot_format: u32,
@@ -88,6 +91,7 @@ impl TemplateInfo {
             vcpus: config.vcpus,
             root_disk: config.root_disk.is_some(),
             sandbox_disk: config.sandbox_disk.is_some(),
+            free_page_reporting: config.free_page_reporting,
             shares: config.shares.len(),
             vsock_cid: config.vsock.as_ref().map(|v| v.cid),
             snapshot_format: snapshot::FORMAT_VERSION,
@@ -350,6 +354,7 @@ mod tests {
         }
         VmConfig {
             sandbox_disk: None,
+            free_page_reporting: false,
             kernel,
             initrd: None,
             cmdline: "panic=-1".into(),

@@ -74,6 +74,7 @@ impl VmArgs {
             .or_else(|| default_artifact("MVM_INITRD", "initramfs.cpio"));
         Ok(VmConfig {
             sandbox_disk: None,
+            free_page_reporting: false,
             kernel,
             initrd,
             cmdline,

@@ -58,6 +58,8 @@ pub enum Error {
     #[error("the sandbox's disk {0}: {1}")]
     SandboxDisk(String, String),
     #[error(transparent)]
+    Balloon(#[from] mvm_devices::virtio::balloon::Error),
+    #[error(transparent)]
     VirtioMmio(#[from] mmio::Error),
     #[error(transparent)]
     Registry(#[from] registry::Error),

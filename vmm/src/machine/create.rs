@@ -14,7 +14,7 @@ use super::event_loop::EventLoop;
 use super::registry::DeviceStates;
 use super::stop::{StopHandle, StopReason};
 use super::vcpu::{self, Vcpu};
-use super::{block, fs, kvm, memory, vsock, Error, Machine};
+use super::{balloon, block, fs, kvm, memory, vsock, Error, Machine};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
 use crate::timeline::Timeline;
@@ -75,6 +75,10 @@ pub fn create(
         let stop = stop.clone();
         let on_hangup = Box::new(move |why: String| stop.stop(StopReason::Failed(why)));
         fs::attach_fs(&mut env, share, on_hangup)?;
+    }
+    // Last, so that every other device keeps its slot with or without it.
+    if config.free_page_reporting {
+        balloon::attach_balloon(&mut env)?;
     }
     let DeviceEnv {
         pio,

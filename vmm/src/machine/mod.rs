@@ -10,6 +10,7 @@
 //! measured); dropping it ends anything still running.
 
 pub mod attach;
+pub mod balloon;
 pub mod block;
 pub mod boot;
 mod create;

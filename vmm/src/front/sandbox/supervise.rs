@@ -76,6 +76,8 @@ pub fn supervise(name: &str) -> Result<i32, Failure> {
         }
         config.sandbox_disk = Some(disk);
     }
+    // A machine that lives for hours gives back what its guest frees.
+    config.free_page_reporting = true;
     let mut request = exec_request(
         run,
         Vec::new(),
