@@ -3,7 +3,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_queue::{Queue, QueueState};
@@ -117,6 +117,24 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
             .copied()
             .unwrap_or(0);
     }
+}
+
+/// A started device's queues as the driver set them up, the memory they
+/// live in and the interrupt to raise. The device half (vCPU threads:
+/// activate, reset, save) and its event-loop handler share it behind a
+/// mutex; holding the lock across a whole queue pass is what makes a
+/// reset wait until the handler no longer touches the old rings.
+pub struct Running<Q> {
+    pub mem: GuestMemoryMmap,
+    pub queues: Q,
+    pub interrupt: Arc<Interrupt>,
+}
+
+/// The lock of what a device shares with its handler. A panic on the
+/// other thread leaves the queues as consistent as they were; carrying on
+/// beats taking the VMM down.
+pub fn lock_shared<T>(shared: &Mutex<T>) -> MutexGuard<'_, T> {
+    shared.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a device gets when the driver sets DRIVER_OK.

@@ -8,30 +8,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{CONFIG_LEN, QUEUE_COUNT, QUEUE_SIZE, VIRTIO_BALLOON_F_FREE_PAGE_REPORTING};
 use crate::state::{RestoreError, SaveError};
-use crate::virtio::device::{read_config_bytes, Activation, Error, Interrupt, VirtioDevice};
+use crate::virtio::device::{
+    lock_shared, read_config_bytes, Activation, Error, Running, VirtioDevice,
+};
 use crate::virtio::state::VirtioDeviceSnapshot;
 
-/// The running device's queues; whoever holds the lock owns them, so a
-/// reset waits for the handler's pass.
-pub(super) struct Active {
-    pub mem: GuestMemoryMmap,
-    pub queues: [Queue; QUEUE_COUNT],
-    pub interrupt: Arc<Interrupt>,
-}
-
-#[derive(Default)]
-pub(super) struct Shared {
-    pub active: Option<Active>,
-}
+/// The queues while the device runs (none before activation or after a
+/// reset).
+pub(super) type Shared = Option<Running<[Queue; QUEUE_COUNT]>>;
 
 pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
-    // A panic on the other thread leaves the queues as consistent as they were.
-    shared.lock().unwrap_or_else(|p| p.into_inner())
+    lock_shared(shared)
 }
 
 pub struct Balloon {
@@ -104,7 +95,7 @@ impl VirtioDevice for Balloon {
         if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
             return Err(Error::BadQueue(bad));
         }
-        lock(&self.shared).active = Some(Active {
+        *lock(&self.shared) = Some(Running {
             mem,
             queues,
             interrupt,
@@ -122,7 +113,6 @@ impl VirtioDevice for Balloon {
 
     fn active_queues(&self) -> Option<Vec<QueueState>> {
         lock(&self.shared)
-            .active
             .as_ref()
             .map(|a| a.queues.iter().map(|q| q.state()).collect())
     }
@@ -138,6 +128,6 @@ impl VirtioDevice for Balloon {
     }
 
     fn reset(&mut self) {
-        lock(&self.shared).active = None;
+        *lock(&self.shared) = None;
     }
 }

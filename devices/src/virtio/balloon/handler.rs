@@ -57,7 +57,7 @@ impl BalloonHandler {
     fn service(&mut self) {
         let shared = Arc::clone(&self.shared);
         let mut shared = lock(&shared);
-        let Some(active) = shared.active.as_mut() else {
+        let Some(active) = shared.as_mut() else {
             return;
         };
         let mut notify = false;

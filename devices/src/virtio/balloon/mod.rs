@@ -66,7 +66,7 @@ pub fn new(queue_evts: Vec<EventFd>) -> Result<(Balloon, BalloonHandler), Error>
         .try_into()
         .map_err(|v: Vec<EventFd>| Error::QueueEvents(v.len()))?;
     let wake = EventFd::new(EFD_NONBLOCK).map_err(Error::EventFd)?;
-    let shared = Arc::new(Mutex::new(Shared::default()));
+    let shared: Arc<Mutex<Shared>> = Arc::new(Mutex::new(None));
     let device = Balloon::new(shared.clone(), wake.try_clone().map_err(Error::EventFd)?);
     let handler = BalloonHandler::new(shared, wake, queue_evts);
     Ok((device, handler))

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{
@@ -15,25 +14,17 @@ use super::defs::{
     VIRTIO_BLK_F_SEG_MAX,
 };
 use crate::state::{RestoreError, SaveError};
-use crate::virtio::device::{read_config_bytes, Activation, Error, Interrupt, VirtioDevice};
+use crate::virtio::device::{
+    lock_shared, read_config_bytes, Activation, Error, Running, VirtioDevice,
+};
 use crate::virtio::state::VirtioDeviceSnapshot;
 
-/// The running device's queue, shared like the vsock device's: whoever
-/// holds the lock owns it, so a reset waits for the handler's pass.
-pub(super) struct Active {
-    pub mem: GuestMemoryMmap,
-    pub queue: Queue,
-    pub interrupt: Arc<Interrupt>,
-}
-
-#[derive(Default)]
-pub(super) struct Shared {
-    pub active: Option<Active>,
-}
+/// The request queue while the device runs (none before activation or
+/// after a reset).
+pub(super) type Shared = Option<Running<Queue>>;
 
 pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
-    // A panic on the other thread leaves the queue as consistent as it was.
-    shared.lock().unwrap_or_else(|p| p.into_inner())
+    lock_shared(shared)
 }
 
 pub struct Block {
@@ -118,9 +109,9 @@ impl VirtioDevice for Block {
         if !queue.is_valid(&mem) {
             return Err(Error::BadQueue(0));
         }
-        lock(&self.shared).active = Some(Active {
+        *lock(&self.shared) = Some(Running {
             mem,
-            queue,
+            queues: queue,
             interrupt,
         });
         self.wake.write(1).map_err(|e| Error::Wake(e.to_string()))
@@ -139,10 +130,7 @@ impl VirtioDevice for Block {
     }
 
     fn active_queues(&self) -> Option<Vec<QueueState>> {
-        lock(&self.shared)
-            .active
-            .as_ref()
-            .map(|a| vec![a.queue.state()])
+        lock(&self.shared).as_ref().map(|a| vec![a.queues.state()])
     }
 
     fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError> {
@@ -167,6 +155,6 @@ impl VirtioDevice for Block {
     }
 
     fn reset(&mut self) {
-        lock(&self.shared).active = None;
+        *lock(&self.shared) = None;
     }
 }

@@ -49,20 +49,20 @@ impl BlockHandler {
     fn service(&mut self) {
         let shared = Arc::clone(&self.shared);
         let mut shared = lock(&shared);
-        let Some(active) = shared.active.as_mut() else {
+        let Some(active) = shared.as_mut() else {
             return;
         };
         let mut used = false;
         let mut taken = 0;
         while taken < BUDGET {
-            let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) else {
+            let Some(chain) = active.queues.pop_descriptor_chain(&active.mem) else {
                 break;
             };
             taken += 1;
             let head = chain.head_index();
             let len = self.disk.serve(chain, &active.mem);
             self.served += 1;
-            if active.queue.add_used(&active.mem, head, len).is_err() {
+            if active.queues.add_used(&active.mem, head, len).is_err() {
                 break;
             }
             used = true;
@@ -71,7 +71,12 @@ impl BlockHandler {
             // Budget spent: come back after the loop's other events.
             let _ = self.queue_evt.write(1);
         }
-        if used && active.queue.needs_notification(&active.mem).unwrap_or(true) {
+        if used
+            && active
+                .queues
+                .needs_notification(&active.mem)
+                .unwrap_or(true)
+        {
             // A full irqfd counter means an interrupt is pending anyway.
             let _ = active.interrupt.signal_used_queue();
         }

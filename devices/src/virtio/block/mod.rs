@@ -123,7 +123,7 @@ fn build(
     writable: bool,
 ) -> Result<(Block, BlockHandler), Error> {
     let wake = EventFd::new(EFD_NONBLOCK).map_err(Error::EventFd)?;
-    let shared = Arc::new(Mutex::new(Shared::default()));
+    let shared: Arc<Mutex<Shared>> = Arc::new(Mutex::new(None));
     let device = Block::new(
         id.to_string(),
         sectors,

@@ -7,23 +7,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{QUEUE_COUNT, QUEUE_SIZE};
 use crate::state::{RestoreError, SaveError};
-use crate::virtio::device::{read_config_bytes, Activation, Error, Interrupt, VirtioDevice};
+use crate::virtio::device::{
+    lock_shared, read_config_bytes, Activation, Error, Running, VirtioDevice,
+};
 use crate::virtio::state::VirtioDeviceSnapshot;
 
-/// The running device's queues, owned by whoever holds the lock: the vCPU
-/// thread installing or dropping them (activate, reset), or the event loop
-/// thread serving them. Holding the lock across a whole queue pass is what
-/// makes a reset wait until the handler no longer touches the old rings.
-pub(super) struct Active {
-    pub mem: GuestMemoryMmap,
-    pub queues: Vec<Queue>,
-    pub interrupt: Arc<Interrupt>,
-}
+/// The running device's queues (see [`Running`]).
+pub(super) type Active = Running<Vec<Queue>>;
 
 #[derive(Default)]
 pub(super) struct Shared {
@@ -34,9 +28,7 @@ pub(super) struct Shared {
 }
 
 pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
-    // A panic on the other thread leaves the queues as consistent as they
-    // were; carrying on beats taking the VMM down.
-    shared.lock().unwrap_or_else(|p| p.into_inner())
+    lock_shared(shared)
 }
 
 pub struct Vsock {
