@@ -36,7 +36,7 @@ import sys
 # check deleted or renamed in tests/containment/ shows here as missing.
 EXPECTED = [
     "1", "2", "3", "3b", "3c-a", "3c-b", "3c-c", "3c-d", "3c-e", "4", "5", "6a", "6b", "6c", "6d", "7", "8",
-    "9a", "9b", "9c", "9d", "10a", "10b", "10c", "10d", "10e",
+    "9a", "9b", "9c", "9d", "10a", "10b", "10c", "10d", "10e", "10f",
     "11a", "11b", "11c", "11d", "11e",
 ]
 
