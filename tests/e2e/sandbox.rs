@@ -107,6 +107,16 @@ say "after start: $($MVM exec e2e -- cat /workspace/f) $?"
 say "kept: $($MVM exec e2e -- cat /usr/local/bin/e2e-mark)"
 $MVM ls | grep '^e2e ' | awk '{print "disk: " $8}'
 
+# A disk in use is refused: a second sandbox whose disk.img is made a
+# hard link to the running one's (the same file) cannot start on it.
+$MVM create twin --workspace /run/tmp/ws --disk 64M 2>/run/tmp/e; say "twin create: $?"; sed "s/^/twin create err: /" /run/tmp/e
+$MVM stop twin; ln -f $MVM_SANDBOXES/e2e/disk.img $MVM_SANDBOXES/twin/disk.img
+$MVM start twin 2>/run/tmp/e; say "start disk in use: $? $(grep -c 'in use by another machine' /run/tmp/e)"
+sed 's/^/twin err: /' /run/tmp/e
+$MVM ls | grep '^twin ' | awk '{print "twin ls: " $2}'
+$MVM rm twin; say "twin rm: $?"
+say "still there: $($MVM exec e2e -- cat /usr/local/bin/e2e-mark)"
+
 pid=$(cat $RUNTIME/e2e/pid)
 kill -9 "$pid"; sleep 1
 $MVM ls | grep '^e2e ' | awk '{print "killed ls: " $2}'
@@ -181,6 +191,11 @@ fn a_sandbox_serves_many_commands_and_leaves_nothing_when_removed() {
         "start: 0",
         "after start: hello 0",
         "kept: installed",
+        "twin create: 0",
+        "start disk in use: 125 1",
+        "twin ls: stopped",
+        "twin rm: 0",
+        "still there: installed",
         "killed ls: dead",
         "exec dead: 125 1",
         "start dead: 0",
