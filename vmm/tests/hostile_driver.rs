@@ -491,16 +491,20 @@ fn the_balloon_frees_only_whole_pages_of_guest_memory_the_guest_reported() {
     g.start(BALLOON, 3);
     g.write32(REPORTED, u32::from_le_bytes(*b"KEPT"));
     g.write32(REPORTED + u64::from(PAGE), u32::from_le_bytes(*b"NEXT"));
+    let last = (64 << 20) - u64::from(PAGE);
+    g.write32(last, u32::from_le_bytes(*b"LAST"));
     g.show(b"before=", REPORTED);
     // Ranges the device must refuse, each given back: past guest memory,
-    // not page-aligned, running past the end of memory, and one from
+    // a page and a byte (madvise would round it up to the next page),
+    // running past the end of memory (from its last page), and one from
     // address 0 over everything (the guest's own code: were it freed,
     // this guest would crash and never print "done").
     g.report(0, 0xffff_0000_0000, PAGE);
-    g.report(1, REPORTED + 1, PAGE);
-    g.report(2, (64 << 20) - u64::from(PAGE), 2 * PAGE);
+    g.report(1, REPORTED, PAGE + 1);
+    g.report(2, last, 2 * PAGE);
     g.report(3, 0, !(PAGE - 1));
-    // A chain that loops on itself (over a page nobody looks at).
+    // A chain that loops on itself (over a page nobody looks at: the
+    // range itself is a fair one, freed; the loop is read 32 times at most).
     g.desc(
         REPORTING,
         4,
@@ -513,6 +517,7 @@ fn the_balloon_frees_only_whole_pages_of_guest_memory_the_guest_reported() {
     g.reg(BALLOON, QUEUE_NOTIFY, REPORTING as u32);
     g.wait_for_u16(ring_base(REPORTING) + 0x2000 + 2, 5, b"loop late\n");
     g.show(b"refused=", REPORTED);
+    g.show(b"last=", last);
     // An inflate the device never asked for: given back, nothing freed.
     g.desc(0, 0, REPORTED, PAGE, 0, 0);
     g.avail(0, 0, 0);
@@ -531,6 +536,7 @@ fn the_balloon_frees_only_whole_pages_of_guest_memory_the_guest_reported() {
     for line in [
         "before=K\n",
         "refused=K\n",
+        "last=L\n",
         "inflated=K\n",
         "freed=\0\n",
         "next=N\n",

@@ -405,6 +405,13 @@ mod tests {
         c.shares[0].guest_path = "/elsewhere".into();
         c.shares[0].read_only = false;
         assert_eq!(key(&c), one_share, "where a share goes is the run's");
+        // A sandbox's machine (its disk, the balloon) is another machine.
+        let mut c = config(tmp);
+        c.sandbox_disk = Some("/disk".into());
+        assert_ne!(key(&c), k0);
+        let mut c = config(tmp);
+        c.free_page_reporting = true;
+        assert_ne!(key(&c), k0);
         // A rebuilt kernel is another key, and the old one is not current.
         let info = TemplateInfo::of(&base).unwrap();
         assert!(info.is_current());

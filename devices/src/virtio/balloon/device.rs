@@ -10,7 +10,9 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
 use virtio_queue::{Queue, QueueState, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{CONFIG_LEN, QUEUE_COUNT, QUEUE_SIZE, VIRTIO_BALLOON_F_FREE_PAGE_REPORTING};
+use super::{
+    CONFIG_LEN, QUEUE_COUNT, QUEUE_SIZE, REPORTING_QUEUE, VIRTIO_BALLOON_F_FREE_PAGE_REPORTING,
+};
 use crate::state::{RestoreError, SaveError};
 use crate::virtio::device::{
     lock_shared, read_config_bytes, Activation, Error, Running, VirtioDevice,
@@ -83,16 +85,23 @@ impl VirtioDevice for Balloon {
             mem,
             queues,
             interrupt,
-            acked_features: _,
+            acked_features,
         } = activation;
         let got = queues.len();
         let queues: [Queue; QUEUE_COUNT] = queues.try_into().map_err(|_| Error::QueueCount {
             expected: QUEUE_COUNT,
             got,
         })?;
-        // Linux sets up every queue of a device that offers reporting;
-        // an unready one here is a driver the device does not serve.
-        if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
+        // A driver that declined reporting (Linux does with page
+        // poisoning or init_on_free) sets up only inflate and deflate;
+        // the reporting queue then stays unready and is never served.
+        let reporting = acked_features & (1 << VIRTIO_BALLOON_F_FREE_PAGE_REPORTING) != 0;
+        let needed = if reporting {
+            QUEUE_COUNT
+        } else {
+            REPORTING_QUEUE
+        };
+        if let Some(bad) = queues.iter().take(needed).position(|q| !q.is_valid(&mem)) {
             return Err(Error::BadQueue(bad));
         }
         *lock(&self.shared) = Some(Running {

@@ -42,7 +42,12 @@ pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), Refused
         .map_err(|_| outside())?;
     // Shared guest memory is a memfd a vhost-user backend maps too:
     // MADV_REMOVE punches the hole in the file itself, so the pages go
-    // for both mappings. Private memory's pages are this process's own.
+    // for both mappings. That is right only because every shared guest
+    // mapping is such a memfd (machine/memory.rs): a snapshot file is
+    // always mapped privately, and must stay so. Private memory's pages
+    // are this process's own: anonymous ones come back as zeros, those of
+    // a privately mapped snapshot file as the file's bytes (the file is
+    // never written).
     let advice = if region.flags() & libc::MAP_SHARED != 0 {
         libc::MADV_REMOVE
     } else {

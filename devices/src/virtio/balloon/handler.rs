@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use virtio_queue::QueueT;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{lock, Shared};
@@ -20,12 +19,16 @@ use super::{QUEUE_COUNT, QUEUE_SIZE, REPORTING_QUEUE};
 /// fast as it is drained cannot keep the event loop from its other work.
 const BUDGET: usize = QUEUE_SIZE as usize;
 
+/// Ranges read of one report: Linux sends at most PAGE_REPORTING_CAPACITY
+/// (32). The rest of a longer chain (an indirect table can hold 65535
+/// descriptors, a loop repeats one) is given back unread, so one event
+/// costs at most BUDGET * MAX_RANGES madvise calls.
+const MAX_RANGES: usize = 32;
+
 pub struct BalloonHandler {
     shared: Arc<Mutex<Shared>>,
     wake: EventFd,
     queue_evts: [EventFd; QUEUE_COUNT],
-    freed_bytes: u64,
-    refused: u64,
 }
 
 impl BalloonHandler {
@@ -38,20 +41,7 @@ impl BalloonHandler {
             shared,
             wake,
             queue_evts,
-            freed_bytes: 0,
-            refused: 0,
         }
-    }
-
-    /// Bytes of guest memory freed on the host so far.
-    pub fn freed_bytes(&self) -> u64 {
-        self.freed_bytes
-    }
-
-    /// Reported ranges that were not freed (not whole pages, outside
-    /// guest memory, or madvise failed).
-    pub fn refused(&self) -> u64 {
-        self.refused
     }
 
     fn service(&mut self) {
@@ -71,8 +61,11 @@ impl BalloonHandler {
                 taken += 1;
                 let head = chain.head_index();
                 if index == REPORTING_QUEUE {
-                    for desc in chain {
-                        self.report(&active.mem, desc.addr().0, u64::from(desc.len()));
+                    for desc in chain.take(MAX_RANGES) {
+                        // discard frees nothing of a range that is not
+                        // whole pages of guest memory; the chain goes back
+                        // used either way.
+                        let _ = discard(&active.mem, desc.addr().0, u64::from(desc.len()));
                     }
                 }
                 // Nothing is written into a balloon buffer: used length 0.
@@ -90,13 +83,6 @@ impl BalloonHandler {
         if notify {
             // A full irqfd counter means an interrupt is pending anyway.
             let _ = active.interrupt.signal_used_queue();
-        }
-    }
-
-    fn report(&mut self, mem: &GuestMemoryMmap, addr: u64, len: u64) {
-        match discard(mem, addr, len) {
-            Ok(()) => self.freed_bytes += len,
-            Err(_) => self.refused += 1,
         }
     }
 }

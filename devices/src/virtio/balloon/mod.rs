@@ -3,8 +3,9 @@
 //! memory a long-lived guest frees goes back to the host (docs/sandboxes.md).
 //!
 //! Linux's page_reporting hands the device blocks of free guest pages
-//! (pageblock order and up, 4 MiB on the guest kernel mvm builds) as the
-//! buffers of one chain on the reporting queue, and does not reuse them
+//! (of pageblock order: 4 MiB on the guest kernel mvm builds, which has
+//! no huge pages), up to 32 as the buffers of one chain on the reporting
+//! queue, and does not reuse them
 //! until the chain comes back used. The device frees each block's host
 //! memory ([`discard`]: `MADV_DONTNEED` for private guest memory,
 //! `MADV_REMOVE` for the shared memfd a vhost-user backend maps too); the
@@ -16,7 +17,8 @@
 //! driver never sends pages on the inflate queue; a driver that does
 //! anyway gets its buffers back untouched. Statistics and free page
 //! hinting are not offered, so the queues are inflate (0), deflate (1)
-//! and reporting (2): Linux numbers only the queues it sets up.
+//! and reporting (2): Linux numbers only the queues it sets up (the
+//! spec's table, which counts every optional queue, puts reporting at 4).
 //!
 //! Threads: [`Balloon`] sits behind the MMIO transport (vCPU threads);
 //! [`BalloonHandler`] is the event-loop subscriber that serves the queues.

@@ -12,7 +12,7 @@ use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::split::Descriptor as SplitDescriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -233,7 +233,9 @@ fn a_report_frees_its_blocks_and_comes_back_used_with_an_interrupt() {
 #[test]
 fn inflate_buffers_and_bad_reports_come_back_without_freeing_anything() {
     let mut r = rig(private_mem());
+    let last = MEM_SIZE as u64 - PAGE;
     fill(&r.mem, BLOCK, BLOCK_LEN);
+    fill(&r.mem, last, PAGE);
     r.activate();
     // Never asked to inflate: the pages stay the guest's.
     r.offer(0, &[(BLOCK, PAGE as u32)]);
@@ -249,6 +251,91 @@ fn inflate_buffers_and_bad_reports_come_back_without_freeing_anything() {
     assert_eq!(r.used(0), 1);
     assert_eq!(r.used(REPORTING_QUEUE), 1);
     assert!(all(&bytes(&r.mem, BLOCK, BLOCK_LEN), FILL));
+    assert!(
+        all(&bytes(&r.mem, last, PAGE), FILL),
+        "the last page was freed"
+    );
+}
+
+#[test]
+fn a_report_longer_than_linux_sends_is_read_only_so_far() {
+    let mut r = rig(private_mem());
+    let pages = 40u64;
+    fill(&r.mem, BLOCK, pages * PAGE);
+    r.activate();
+    let ranges: Vec<(u64, u32)> = (0..pages)
+        .map(|i| (BLOCK + i * PAGE, PAGE as u32))
+        .collect();
+    r.offer(REPORTING_QUEUE, &ranges);
+    r.run();
+    assert_eq!(r.used(REPORTING_QUEUE), 1);
+    // The first 32 ranges (Linux's most) are freed, the rest kept.
+    assert!(all(&bytes(&r.mem, BLOCK, 32 * PAGE), 0));
+    assert!(all(&bytes(&r.mem, BLOCK + 32 * PAGE, 8 * PAGE), FILL));
+}
+
+#[test]
+fn a_driver_that_declines_reporting_starts_without_the_reporting_queue() {
+    let mut r = rig(private_mem());
+    fill(&r.mem, BLOCK, PAGE);
+    // Only inflate and deflate set up, as Linux does when it declines.
+    let queues: Vec<Queue> = r
+        .queues
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let mut queue: Queue = q.create_queue().unwrap();
+            if i == REPORTING_QUEUE {
+                QueueT::set_ready(&mut queue, false);
+            }
+            queue
+        })
+        .collect();
+    let interrupt = Arc::new(Interrupt::new(r.irq.try_clone().unwrap()));
+    r.dev
+        .activate(Activation {
+            mem: r.mem.clone(),
+            queues,
+            interrupt,
+            acked_features: 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1,
+        })
+        .unwrap();
+    r.offer(0, &[(BLOCK, PAGE as u32)]);
+    r.run();
+    assert_eq!(r.used(0), 1, "the inflate queue is still served");
+    assert!(all(&bytes(&r.mem, BLOCK, PAGE), FILL));
+}
+
+#[test]
+fn a_discarded_page_of_a_privately_mapped_file_reads_the_files_bytes_again() {
+    use std::io::Write;
+    use vm_memory::mmap::MmapRegionBuilder;
+    use vm_memory::GuestRegionMmap;
+    let path = std::env::temp_dir().join(format!("mvm-balloon-snap-{}", std::process::id()));
+    let mut file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file.write_all(&vec![0x5a; MEM_SIZE]).unwrap();
+    // As machine/memory.rs maps a snapshot's memory file.
+    let mapping = MmapRegionBuilder::new(MEM_SIZE)
+        .with_file_offset(FileOffset::new(file.try_clone().unwrap(), 0))
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+        .build()
+        .unwrap();
+    let region = GuestRegionMmap::new(mapping, GuestAddress(0)).unwrap();
+    let mem = GuestMemoryMmap::from_regions(vec![region]).unwrap();
+    fill(&mem, BLOCK, BLOCK_LEN);
+    discard(&mem, BLOCK, BLOCK_LEN).unwrap();
+    assert!(all(&bytes(&mem, BLOCK, BLOCK_LEN), 0x5a));
+    let mut on_disk = vec![0u8; BLOCK_LEN as usize];
+    file.read_exact_at(&mut on_disk, BLOCK).unwrap();
+    assert!(all(&on_disk, 0x5a), "the snapshot file was written");
 }
 
 #[test]
