@@ -419,13 +419,19 @@ rm -f /run/tmp/tiny.out /run/tmp/tiny.err
 /// seconds (999 when missing).
 fn timed(after: &[&str], key: &str) -> (String, u64) {
     let line = value(after, key).unwrap_or("? seconds=999");
-    let status = line.split_whitespace().next().unwrap_or("?").to_string();
-    let secs = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("seconds="))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(999);
-    (status, secs)
+    (first_word(line), word(line, "seconds=").unwrap_or(999))
+}
+
+/// The first word of a `KEY=STATUS name=value ...` line's value.
+fn first_word(line: &str) -> String {
+    line.split_whitespace().next().unwrap_or("?").to_string()
+}
+
+/// The value of `prefix` (e.g. "pos=") among a line's words, parsed.
+fn word<T: std::str::FromStr>(line: &str, prefix: &str) -> Option<T> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix))
+        .and_then(|n| n.parse().ok())
 }
 
 #[test]
@@ -478,12 +484,8 @@ rm -f /run/tmp/in
     let mut v = Verdict::new();
     let after = run.after_lines();
     let unread = value(&after, "unread_status").unwrap_or("?");
-    let mut words = unread.split_whitespace();
-    let status = words.next().unwrap_or("?");
-    let taken: f64 = words
-        .find_map(|w| w.strip_prefix("taken="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(-1.0);
+    let status = first_word(unread);
+    let taken: f64 = word(unread, "taken=").unwrap_or(-1.0);
     v.saw(format!(
         "exit {status}; mvm took {:.1} MiB of the {STDIN_MIB} MiB",
         taken / 1048576.0
@@ -716,14 +718,7 @@ echo "{name}_status=$status pos=${{pos:-none}} seconds=$(echo "$t1 $t0" | awk '{
     let after = run.after_lines();
     let fields = |key: &str| -> (String, Option<f64>, Option<f64>) {
         let line = value(&after, key).unwrap_or("?");
-        let mut words = line.split_whitespace();
-        let status = words.next().unwrap_or("?").to_string();
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .and_then(|n| n.parse().ok())
-        };
-        (status, field("pos="), field("seconds="))
+        (first_word(line), word(line, "pos="), word(line, "seconds="))
     };
     let (c_status, _, c_secs) = fields("control_status");
     let (h_status, h_pos, h_secs) = fields("held_status");

@@ -311,15 +311,7 @@ fn a_discarded_page_of_a_privately_mapped_file_reads_the_files_bytes_again() {
     use std::io::Write;
     use vm_memory::mmap::MmapRegionBuilder;
     use vm_memory::GuestRegionMmap;
-    let path = std::env::temp_dir().join(format!("mvm-balloon-snap-{}", std::process::id()));
-    let mut file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    std::fs::remove_file(&path).unwrap();
+    let mut file = vmm_sys_util::tempfile::TempFile::new().unwrap().into_file();
     file.write_all(&vec![0x5a; MEM_SIZE]).unwrap();
     // As machine/memory.rs maps a snapshot's memory file.
     let mapping = MmapRegionBuilder::new(MEM_SIZE)
