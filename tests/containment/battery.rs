@@ -10,7 +10,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use mvm_e2e::{mvm_with, note_event, repo_root, Options, Run, ALLOW_SKIPS};
+use mvm_e2e::{note_event, repo_root, Options, Run, ALLOW_SKIPS};
+
+use crate::via::{self, Via};
 
 /// Where the rows go, one JSON object a line; `make battery` empties it
 /// first and `tests/containment/report.py` turns it into the table.
@@ -175,6 +177,7 @@ impl Check {
             "pass": pass,
             "skipped": skipped,
             "weakened": extra_args().join(" "),
+            "via": Via::current().name(),
             "mode": self.mode,
             "seconds": self.started.elapsed().as_secs_f64().round(),
         });
@@ -291,13 +294,13 @@ pub fn extra_args() -> Vec<String> {
         .collect()
 }
 
-/// `mvm run ARGS` through the harness, with `extra_args` right after `run`.
+/// `mvm run ARGS` through the harness (or the same through a sandbox:
+/// `via`), with `extra_args` right after `run`.
 pub fn attack(options: &Options, args: &[&str]) -> Run {
     let extra = extra_args();
-    let mut full: Vec<&str> = vec!["run"];
-    full.extend(extra.iter().map(String::as_str));
+    let mut full: Vec<&str> = extra.iter().map(String::as_str).collect();
     full.extend_from_slice(args);
-    mvm_with(&with_battery_limit(options), &full)
+    via::call(&with_battery_limit(options), &full)
 }
 
 /// The test-host limit of a battery call that sets none: attacks run long
@@ -325,11 +328,10 @@ pub fn attack_scripted(setup: &str, after: &str, args: &[&str]) -> Run {
     )
 }
 
-/// `mvm run ARGS` as given: a control, which must not be weakened.
+/// `mvm run ARGS` as given (or through a sandbox: `via`): a control,
+/// which must not be weakened.
 pub fn control(options: &Options, args: &[&str]) -> Run {
-    let mut full = vec!["run"];
-    full.extend_from_slice(args);
-    mvm_with(&with_battery_limit(options), &full)
+    via::call(&with_battery_limit(options), args)
 }
 
 /// Shell for setup and after scripts: `$MVM` is the mvm binary where the

@@ -21,6 +21,9 @@
 //! | 6 root, capabilities, setuid | `privilege` |
 //! | 9 a separate kernel: identity, panic, reboot, the status port | `kernel` |
 //! | 11 bad frames to the host | `protocol` |
+//!
+//! `via` makes each check's VM with `mvm run` or, with
+//! `MVM_BATTERY_VIA=sandbox`, in a named sandbox with `mvm exec`.
 
 mod battery;
 mod egress;
@@ -31,3 +34,4 @@ mod privilege;
 mod protocol;
 mod resources;
 mod secrets;
+mod via;

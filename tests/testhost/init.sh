@@ -9,10 +9,11 @@
 #                       libexec/mvm/virtiofsd
 #   mvmio     -> /io    per-call dir: argv (NUL-separated), env (NUL-separated
 #                       NAME=VALUE), cwd, uid, gid, stdin, signal and, if
-#                       given, setup and after (shell scripts); we write
+#                       given, setup, teardown and after (shell scripts); we write
 #                       heartbeat (every second), mvm.started, stdout,
 #                       stderr, signal.at and exit.at (uptimes), leftovers,
-#                       setup.out/setup.status, after.out/after.status and,
+#                       setup.out/setup.status, teardown.out/teardown.status,
+#                       after.out/after.status and,
 #                       last, status
 #   workspace -> the caller's cwd, mounted at the same absolute path so the
 #                paths mvm is given mean the same thing here
@@ -191,6 +192,15 @@ wait "$mvm_pid"
 status=$?
 cut -d' ' -f1 /proc/uptime >/io/exit.at
 log "mvm exited with status $status at $(cat /io/exit.at) s uptime"
+
+# MVM_TESTHOST_TEARDOWN: a script to run as the caller right after mvm and
+# before the leftover check (e.g. `mvm rm -f NAME` for a sandbox the setup
+# script created): what it does not stop is left behind.
+if [ -f /io/teardown ]; then
+    log "running the teardown script"
+    as_caller sh -c "$(cat /io/teardown)" </dev/null >/io/teardown.out 2>&1
+    echo $? >/io/teardown.status
+fi
 
 # Whatever mvm left behind is a bug: session directories (with their
 # sockets) under the runtime base, or live (not zombie: those are orphans

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::super::run::{plan_machine, print_console_tail};
 use super::super::{setup_failure, Failure};
-use super::{disk_bytes, refuse_one_shot_options, sandbox_failure, CreateArgs};
+use super::{disk_bytes, last_error, refuse_one_shot_options, sandbox_failure, CreateArgs};
 use crate::exit_code;
 use crate::sandboxes::{Paths, Record, State, SUPERVISOR_LOG};
 
@@ -238,18 +238,6 @@ fn clear_old_run(runtime: &Path) {
     }
 }
 
-/// The supervisor's last `mvm: ` line, without the prefix.
-fn last_error(log: &Path) -> Option<String> {
-    let text = fs::read_to_string(log).ok()?;
-    text.lines()
-        .rev()
-        .find_map(|l| {
-            l.strip_prefix("mvm: ")
-                .filter(|m| !m.starts_with("warning:"))
-        })
-        .map(str::to_string)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,17 +250,5 @@ mod tests {
         assert_eq!(pin_image(named.clone(), "default"), named);
         let rootfs = vec!["--rootfs".to_string(), "r.erofs".into()];
         assert_eq!(pin_image(rootfs.clone(), "default"), rootfs);
-    }
-
-    #[test]
-    fn the_last_mvm_line_is_the_error() {
-        let path = std::env::temp_dir().join(format!("mvm-suplog-{}", std::process::id()));
-        fs::write(
-            &path,
-            "mvm: warning: something\nnoise\nmvm: cannot share /x: gone\nmore noise\n",
-        )
-        .unwrap();
-        assert_eq!(last_error(&path).as_deref(), Some("cannot share /x: gone"));
-        fs::remove_file(&path).unwrap();
     }
 }

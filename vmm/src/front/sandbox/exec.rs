@@ -15,16 +15,22 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
 use signal_hook::iterator::Signals;
 
 use super::super::command_args::CommandArgs;
+use super::super::run::print_console_tail;
 use super::super::{setup_failure, Failure};
-use super::sandbox_failure;
+use super::{last_error, sandbox_failure};
 use crate::exit_code;
-use crate::sandboxes::{Paths, State, EXEC_DEFAULTS};
+use crate::sandboxes::{Paths, State, EXEC_DEFAULTS, SUPERVISOR_LOG};
 use crate::session::client::{self, Writer};
 use crate::session::signals::TERMINATE_GRACE;
 use crate::session::terminal;
 
 /// How long an exec waits for a running sandbox's agent to take it.
 const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long an exec whose channel broke waits to see whether the
+/// sandbox's machine ended with it (a guest panic, a reboot, `mvm stop`):
+/// its supervisor then exits, leaving why in its log.
+const ENDED_WAIT: Duration = Duration::from_secs(3);
 
 /// Runs `argv` in sandbox `name`; returns its exit status.
 pub fn exec(name: &str, args: &CommandArgs, argv: Vec<String>) -> Result<i32, Failure> {
@@ -66,30 +72,51 @@ pub fn exec(name: &str, args: &CommandArgs, argv: Vec<String>) -> Result<i32, Fa
             CONNECT_LIMIT.as_secs(),
             socket.display()
         )),
-        e => lost(name, &e),
+        e => lost(name, &paths, &e),
     })?;
     let writer: Writer =
         Arc::new(Mutex::new(stream.try_clone().map_err(|e| {
             setup_failure(format!("cannot use the exec channel: {e}"))
         })?));
-    let mut reader = client::start(&stream, &writer, request).map_err(|e| lost(name, &e))?;
+    let mut reader =
+        client::start(&stream, &writer, request).map_err(|e| lost(name, &paths, &e))?;
     let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
     forward_signals(writer.clone(), &stream)?;
     if args.interactive {
         client::pump_stdin(writer);
     } else {
-        client::send(&writer, &Message::StdinEof).map_err(|e| lost(name, &e))?;
+        client::send(&writer, &Message::StdinEof).map_err(|e| lost(name, &paths, &e))?;
     }
     let exit = client::relay_output(&mut reader);
     drop(raw_mode);
     let _ = stream.shutdown(Shutdown::Both);
     exit.map(|e| i32::from(e.status))
-        .map_err(|e| lost(name, &e))
+        .map_err(|e| lost(name, &paths, &e))
 }
 
-fn lost(name: &str, err: &client::Error) -> Failure {
+/// The command's channel broke (exit 121, as for `mvm run`). If the
+/// sandbox's machine ended with it, say how, as `mvm run` would: the
+/// supervisor's own error and the guest console's last lines.
+fn lost(name: &str, paths: &Paths, err: &client::Error) -> Failure {
+    let deadline = Instant::now() + ENDED_WAIT;
+    while paths.supervised() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let message = if paths.supervised() {
+        format!("sandbox '{name}': {err}")
+    } else {
+        match last_error(&paths.runtime_file(SUPERVISOR_LOG)) {
+            Some(why) => {
+                print_console_tail(&paths.runtime_file("console.log"));
+                format!("sandbox '{name}' ended during the command: {why}")
+            }
+            None => format!(
+                "sandbox '{name}' ended during the command (stopped, or powered off from inside): {err}"
+            ),
+        }
+    };
     Failure {
-        message: format!("sandbox '{name}': {err}"),
+        message,
         code: exit_code::GUEST_CRASHED,
     }
 }

@@ -9,6 +9,9 @@ mod exec;
 mod manage;
 mod supervise;
 
+use std::fs;
+use std::path::Path;
+
 use clap::{Args, Parser};
 
 use super::run::RunArgs;
@@ -75,6 +78,19 @@ fn parse_stored(record: &sandboxes::Record) -> Result<CreateArgs, Failure> {
         })
 }
 
+/// The supervisor's last `mvm: ` line, without the prefix: why it ended,
+/// when it ended with an error.
+fn last_error(log: &Path) -> Option<String> {
+    let text = fs::read_to_string(log).ok()?;
+    text.lines()
+        .rev()
+        .find_map(|l| {
+            l.strip_prefix("mvm: ")
+                .filter(|m| !m.starts_with("warning:"))
+        })
+        .map(str::to_string)
+}
+
 fn sandbox_failure(err: sandboxes::Error) -> Failure {
     setup_failure(err.to_string())
 }
@@ -100,5 +116,22 @@ fn refuse_one_shot_options(args: &CreateArgs) -> Result<(), Failure> {
     match refused.iter().find(|(given, _)| *given) {
         Some((_, why)) => Err(setup_failure(format!("mvm create does not take {why}"))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_mvm_line_is_the_error() {
+        let path = std::env::temp_dir().join(format!("mvm-suplog-{}", std::process::id()));
+        fs::write(
+            &path,
+            "mvm: warning: something\nnoise\nmvm: cannot share /x: gone\nmore noise\n",
+        )
+        .unwrap();
+        assert_eq!(last_error(&path).as_deref(), Some("cannot share /x: gone"));
+        fs::remove_file(&path).unwrap();
     }
 }
