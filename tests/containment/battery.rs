@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use mvm_e2e::{note_event, repo_root, Options, Run, ALLOW_SKIPS};
+use mvm_e2e::{note_event, repo_root, stat_in, Options, Run, ALLOW_SKIPS};
 
 use crate::via::{self, Via};
 
@@ -375,6 +375,15 @@ pub fn number(lines: &[&str], key: &str) -> Option<f64> {
     value(lines, key).and_then(|v| v.trim().parse().ok())
 }
 
+/// mvm's peak RSS in KiB from the `--print-stats` lines in `text`: `mvm
+/// run`'s one process (VMM, guest memory and exec client); through a
+/// sandbox, `mvm exec`'s own plus its sandbox's (the supervisor's: VMM and
+/// guest memory), which together hold what run's one process does.
+pub fn peak_rss(text: &str) -> Option<f64> {
+    let own = stat_in(text, "peak rss")?;
+    Some(own + stat_in(text, "sandbox peak rss").unwrap_or(0.0))
+}
+
 /// A short, single-line excerpt of some output for the report.
 pub fn excerpt(text: &str, max: usize) -> String {
     let flat: String = text
@@ -392,8 +401,9 @@ pub fn excerpt(text: &str, max: usize) -> String {
 /// What mvm itself said on stderr: its `mvm:` lines less the
 /// `--print-stats` figures and the console tail's heading, joined.
 pub fn mvm_says(run: &Run) -> String {
-    const SKIP: [&str; 8] = [
+    const SKIP: [&str; 9] = [
         "phase:",
+        "sandbox peak rss:",
         "boot to init:",
         "wall:",
         "cpu:",

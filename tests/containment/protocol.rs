@@ -19,7 +19,9 @@ use mvm::session::client;
 use mvm_e2e::Options;
 use mvm_protocol::{ExecRequest, FrameError, FrameReader, Hello, Message, AGENT_PORT, MAX_DATA};
 
-use crate::battery::{attack, attacker, code, control, excerpt, mvm_says, Check, Source, Verdict};
+use crate::battery::{
+    attack, attacker, code, control, excerpt, mvm_says, peak_rss, Check, Source, Verdict,
+};
 
 /// One frame on the wire: u32 LE length of kind + payload, kind, payload.
 fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
@@ -405,7 +407,7 @@ fn bad_frames(
     v.require(!run.stderr.contains("panicked"), "mvm panicked");
     // Its own words for what this guest did wrong.
     v.require(said.contains(error), format!("mvm did not say '{error}'"));
-    let peak = run.stat("peak rss").map(|k| k / 1024.0);
+    let peak = peak_rss(&run.stderr).map(|k| k / 1024.0);
     v.saw(format!("peak RSS {:.0} MiB", peak.unwrap_or(-1.0)));
     v.require(
         peak.is_some_and(|p| p < 128.0 + 96.0),

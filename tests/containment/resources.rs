@@ -12,12 +12,27 @@
 
 use std::time::Instant;
 
-use mvm_e2e::{stat_in, Options, Run};
+use mvm_e2e::{Options, Run};
 
 use crate::battery::{
     attack, attack_scripted, attacker, code, control, excerpt, extra_args, mvm_says, number,
-    script, value, Check, Source, Verdict,
+    peak_rss, script, value, Check, Source, Verdict,
 };
+use crate::via::{nested, Nested};
+
+/// A check's own attack run in its script, with the attacks' extra flags
+/// (`MVM_BATTERY_EXTRA_ARGS`) first, by `mvm run` or through a sandbox.
+fn nested_attack(name: &str, args: &[&str]) -> Nested {
+    let extra = extra_args();
+    let mut full: Vec<&str> = extra.iter().map(String::as_str).collect();
+    full.extend_from_slice(args);
+    nested(name, &full)
+}
+
+/// A check's own control run in its script, never weakened.
+fn nested_control(name: &str, args: &[&str]) -> Nested {
+    nested(name, args)
+}
 
 /// Starts a sampler on the host: `probe` (shell printing one number) every
 /// 0.2 s into /run/tmp/samples, its pid in /run/tmp/sampler.pid; returns
@@ -47,8 +62,9 @@ fn show(name: &str, file: &str) -> String {
     format!("sed 's/^/{name}: /' {file}")
 }
 
-/// The `--print-stats` figure `stat` of a nested run shown as `name: `.
-fn nested_stat(run: &Run, name: &str, stat: &str) -> Option<f64> {
+/// The `--print-stats` peak RSS (`battery::peak_rss`) of a nested run
+/// shown as `name: `.
+fn nested_peak(run: &Run, name: &str) -> Option<f64> {
     let prefix = format!("{name}: ");
     let text: String = run
         .after_lines()
@@ -56,7 +72,7 @@ fn nested_stat(run: &Run, name: &str, stat: &str) -> Option<f64> {
         .filter_map(|l| l.strip_prefix(prefix.as_str()))
         .map(|l| format!("{l}\n"))
         .collect();
-    stat_in(&text, stat)
+    peak_rss(&text)
 }
 
 fn require_no_leftovers(v: &mut Verdict, run: &Run) {
@@ -232,7 +248,7 @@ fn check_5_a_memory_bomb_is_bounded_by_the_vm_size() {
         excerpt(&said, 160)
     ));
     v.require(oom, "mvm does not say the guest ran out of memory");
-    let peak = run.stat("peak rss").map(|k| k / 1024.0);
+    let peak = peak_rss(&run.stderr).map(|k| k / 1024.0);
     v.saw(format!("mvm peak RSS {:.0} MiB", peak.unwrap_or(-1.0)));
     v.require(
         peak.is_some_and(|p| p <= 256.0 + 128.0),
@@ -272,19 +288,38 @@ fn check_10a_a_gigabyte_of_stdout_streams_through_bounded_memory() {
     .control(Source::Mvm, "the baseline `true` run's peak RSS on the same host");
     // mvm's stdout into `wc -c` on the test host: a gigabyte must not
     // travel back to the harness.
+    let bytes = FLOOD_BYTES.to_string();
+    let flood = nested_attack(
+        "flood",
+        &[
+            "--print-stats",
+            "--no-workspace",
+            "--timeout",
+            "240",
+            "--",
+            "head",
+            "-c",
+            &bytes,
+            "/dev/zero",
+        ],
+    );
     let after = script(&format!(
         r#"
+{create}
 t0=$(date +%s)
-{{ $MVM run {extra} --print-stats --no-workspace --timeout 240 -- head -c {FLOOD_BYTES} /dev/zero 2>/run/tmp/flood.err
+{{ {call} 2>/run/tmp/flood.err
    echo $? >/run/tmp/flood.status; }} | wc -c >/run/tmp/flood.bytes
 echo "flood_status=$(cat /run/tmp/flood.status)"
 echo "flood_bytes=$(cat /run/tmp/flood.bytes)"
 echo "flood_seconds=$(( $(date +%s) - t0 ))"
 {}
+{remove}
 {LEFTOVERS}
 "#,
         show("flood", "/run/tmp/flood.err"),
-        extra = crate::battery::extra_args().join(" "),
+        create = flood.create,
+        call = flood.call,
+        remove = flood.remove,
     ));
     let run = check.run(|| {
         control(
@@ -307,8 +342,8 @@ echo "flood_seconds=$(( $(date +%s) - t0 ))"
     ));
     v.require(status == "0", "the flood run did not exit 0");
     v.require(bytes == FLOOD_BYTES as f64, "bytes were lost");
-    let base = run.stat("peak rss");
-    let flood = nested_stat(&run, "flood", "peak rss");
+    let base = peak_rss(&run.stderr);
+    let flood = nested_peak(&run, "flood");
     v.saw(format!(
         "peak RSS {:.0} MiB (baseline {:.0} MiB)",
         flood.unwrap_or(-1.0) / 1024.0,
@@ -347,12 +382,21 @@ fn check_10b_thousands_of_writes_arrive_in_order_through_bounded_memory() {
     );
     // Checked where the files are (160 MB need not travel back): each
     // stdout line's number and length, each stderr line less mvm's own.
+    let base = nested_control("base", &["--print-stats", "--no-workspace", "--", "true"]);
+    let tiny = nested_attack(
+        "tiny",
+        &["--print-stats", "--no-workspace", "--", "sh", "-c", &writes],
+    );
     let after = script(&format!(
         r#"
-$MVM run --print-stats --no-workspace -- true 2>/run/tmp/base.err >/dev/null
+{base_create}
+{base_call} 2>/run/tmp/base.err >/dev/null
+{base_remove}
 {base}
-$MVM run {extra} --print-stats --no-workspace -- sh -c '{writes}' >/run/tmp/tiny.out 2>/run/tmp/tiny.err
+{tiny_create}
+{tiny_call} >/run/tmp/tiny.out 2>/run/tmp/tiny.err
 echo "tiny_status=$?"
+{tiny_remove}
 grep '^mvm: ' /run/tmp/tiny.err | sed 's/^/tiny: /'
 awk '{{ if ($1 != NR - 1 || length($2) != {PAD}) bad++ }} END {{ print "out=" NR " " bad + 0 }}' /run/tmp/tiny.out
 grep -v '^mvm: ' /run/tmp/tiny.err | awk '{{ if ($0 != "e" (NR - 1)) bad++ }} END {{ print "err=" NR " " bad + 0 }}'
@@ -360,7 +404,12 @@ rm -f /run/tmp/tiny.out /run/tmp/tiny.err
 {LEFTOVERS}
 "#,
         base = show("base", "/run/tmp/base.err"),
-        extra = extra_args().join(" "),
+        base_create = base.create,
+        base_call = base.call,
+        base_remove = base.remove,
+        tiny_create = tiny.create,
+        tiny_call = tiny.call,
+        tiny_remove = tiny.remove,
     ));
     let run = check.run(|| {
         control(
@@ -395,10 +444,7 @@ rm -f /run/tmp/tiny.out /run/tmp/tiny.err
         out == LINES && out_bad == 0 && err == LINES && err_bad == 0,
         "lines lost, cut, mixed or out of order",
     );
-    let (base, peak) = (
-        nested_stat(&run, "base", "peak rss"),
-        nested_stat(&run, "tiny", "peak rss"),
-    );
+    let (base, peak) = (nested_peak(&run, "base"), nested_peak(&run, "tiny"));
     v.saw(format!(
         "peak RSS {:.0} MiB (baseline {:.0} MiB)",
         peak.unwrap_or(-1.0) / 1024.0,
@@ -447,13 +493,24 @@ fn check_10c_stdin_nobody_reads_is_not_buffered() {
     .evidence(Source::Host, "how far mvm read its stdin file, sampled from /proc on the test host (after script)")
     .evidence(Source::Mvm, "the run's exit status and peak RSS")
     .control(Source::Mvm, "`printf abc | mvm run -i -- cat` relays abc on the same host");
+    let ctl = nested_control(
+        "control",
+        &["-i", "--print-stats", "--no-workspace", "--", "cat"],
+    );
+    let unread = nested_attack(
+        "unread",
+        &["-i", "--print-stats", "--no-workspace", "--", "sleep", "10"],
+    );
     let after = script(&format!(
         r#"
-printf abc | $MVM run -i --print-stats --no-workspace -- cat >/run/tmp/ctl.out 2>/run/tmp/ctl.err
+{ctl_create}
+printf abc | {ctl_call} >/run/tmp/ctl.out 2>/run/tmp/ctl.err
 echo "control_status=$? output=$(cat /run/tmp/ctl.out)"
+{ctl_remove}
 {control}
 head -c $(({STDIN_MIB} << 20)) /dev/zero >/run/tmp/in
-$MVM run {extra} -i --print-stats --no-workspace -- sleep 10 </run/tmp/in >/dev/null 2>/run/tmp/unread.err &
+{unread_create}
+{unread_call} </run/tmp/in >/dev/null 2>/run/tmp/unread.err &
 pid=$!
 taken=0
 while kill -0 $pid 2>/dev/null; do
@@ -463,13 +520,19 @@ while kill -0 $pid 2>/dev/null; do
 done
 wait $pid
 echo "unread_status=$? taken=$taken"
+{unread_remove}
 rm -f /run/tmp/in
 {unread}
 {LEFTOVERS}
 "#,
         control = show("control", "/run/tmp/ctl.err"),
         unread = show("unread", "/run/tmp/unread.err"),
-        extra = extra_args().join(" "),
+        ctl_create = ctl.create,
+        ctl_call = ctl.call,
+        ctl_remove = ctl.remove,
+        unread_create = unread.create,
+        unread_call = unread.call,
+        unread_remove = unread.remove,
     ));
     let run = check.run(|| {
         control(
@@ -495,10 +558,7 @@ rm -f /run/tmp/in
         (0.0..64.0 * 1048576.0).contains(&taken),
         "mvm took 64 MiB or more of stdin nobody reads (or no figure)",
     );
-    let (base, peak) = (
-        nested_stat(&run, "control", "peak rss"),
-        nested_stat(&run, "unread", "peak rss"),
-    );
+    let (base, peak) = (nested_peak(&run, "control"), nested_peak(&run, "unread"));
     v.saw(format!(
         "peak RSS {:.0} MiB (control {:.0} MiB)",
         peak.unwrap_or(-1.0) / 1024.0,
@@ -678,10 +738,25 @@ fn check_10f_sigterm_still_ends_a_run_whose_stdin_is_held_back() {
     .evidence(Source::Host, "the runs' statuses, how far mvm had read its stdin file when signalled, and the time from the signal to its exit on the test host's clock (after script)")
     .control(Source::Host, "the same run with stdin from /dev/null ends on SIGTERM");
     let run_one = |name: &str, stdin: &str| {
+        let args = [
+            "-i",
+            "--no-workspace",
+            "--timeout",
+            "80",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; sleep 1000",
+        ];
+        let one = match name {
+            "control" => nested_control(name, &args),
+            _ => nested_attack(name, &args),
+        };
         format!(
             r#"
 : >/run/tmp/{name}.out
-$MVM run {extra} -i --no-workspace --timeout 80 -- sh -c 'echo ready; sleep 1000' <{stdin} >/run/tmp/{name}.out 2>/run/tmp/{name}.err &
+{create}
+{call} <{stdin} >/run/tmp/{name}.out 2>/run/tmp/{name}.err &
 pid=$!
 i=0
 until grep -qx ready /run/tmp/{name}.out; do [ $i -lt 1200 ] || break; sleep 0.1; i=$((i + 1)); done
@@ -693,10 +768,13 @@ wait $pid
 status=$?
 t1=$(cut -d' ' -f1 /proc/uptime)
 echo "{name}_status=$status pos=${{pos:-none}} seconds=$(echo "$t1 $t0" | awk '{{ printf "%.1f", $1 - $2 }}')"
+{remove}
 {show}
 "#,
-            extra = extra_args().join(" "),
             show = show(name, &format!("/run/tmp/{name}.err")),
+            create = one.create,
+            call = one.call,
+            remove = one.remove,
         )
     };
     let after = script(&format!(

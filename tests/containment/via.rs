@@ -14,8 +14,9 @@
 //! weakening flags) to `create`. `--timeout`, a safety net in the checks
 //! that give it and refused by `create` (a sandbox runs until stopped), is
 //! left out: the test-host call's own limit ends a hung one. A check that needs what
-//! only `mvm run` prints (`--print-stats`, the console) cannot run this
-//! way and says so instead of passing without its evidence.
+//! only `mvm run` prints (the console) cannot run this
+//! way and says so instead of passing without its evidence. A check's
+//! scripts make their own runs through [`nested`] the same way.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -49,11 +50,19 @@ impl Via {
 
 /// `mvm exec`'s own flags that take a value.
 const EXEC_VALUE_FLAGS: [&str; 6] = ["-e", "--env", "-w", "--workdir", "-u", "--user"];
-/// `mvm exec`'s own flags without one.
-const EXEC_FLAGS: [&str; 5] = ["-i", "--interactive", "-t", "--tty", "--root"];
+/// `mvm exec`'s own flags without one (its `--print-stats` gives its own
+/// peak RSS and its sandbox's: `battery::peak_rss`).
+const EXEC_FLAGS: [&str; 6] = [
+    "-i",
+    "--interactive",
+    "-t",
+    "--tty",
+    "--root",
+    "--print-stats",
+];
 /// `mvm run` flags whose output `mvm exec` does not give: the sandbox's
 /// supervisor would print it into its log, not to the check.
-const RUN_ONLY: [&str; 4] = ["--print-stats", "--console", "-q", "--quiet"];
+const RUN_ONLY: [&str; 3] = ["--console", "-q", "--quiet"];
 
 /// `mvm run ARGS` (the flags after `run`, `--`, the command) the way
 /// [`Via::current`] says.
@@ -101,6 +110,43 @@ fn through_sandbox(options: &Options, args: &[&str]) -> Run {
         },
         &exec,
     )
+}
+
+/// A check's own `mvm run` in one of its scripts, as shell: `create`
+/// before it and `remove` after it (empty for `mvm run`), and `call`, one
+/// simple command to which the script adds its redirections, `&` or pipe.
+pub struct Nested {
+    pub create: String,
+    pub call: String,
+    pub remove: String,
+}
+
+/// `mvm run ARGS` in a check's script, the way [`Via::current`] says;
+/// `name` tells its sandbox from the script's others (a word of a-z).
+pub fn nested(name: &str, args: &[&str]) -> Nested {
+    match Via::current() {
+        Via::Run => Nested {
+            create: String::new(),
+            call: format!("$MVM run {}", shell_words(args)),
+            remove: String::new(),
+        },
+        Via::Sandbox => {
+            let split = Split::of(args);
+            let sandbox = format!("battery-{name}");
+            let mut exec = split.exec.clone();
+            exec.push(&sandbox);
+            exec.push("--");
+            exec.extend(split.command.iter().copied());
+            Nested {
+                create: format!(
+                    "$MVM create {} {sandbox} >/run/tmp/{sandbox}.create 2>&1 || sed 's/^/{name}: create: /' /run/tmp/{sandbox}.create",
+                    shell_words(&split.create)
+                ),
+                call: format!("$MVM exec {}", shell_words(&exec)),
+                remove: format!("$MVM rm -f {sandbox}"),
+            }
+        }
+    }
 }
 
 /// A run's arguments sorted into `create`'s, `exec`'s and the command.
@@ -193,7 +239,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "only mvm run prints")]
     fn a_check_that_needs_run_only_output_is_refused() {
-        Split::of(&["--print-stats", "--", "true"]);
+        Split::of(&["--console", "--", "true"]);
     }
 
     #[test]

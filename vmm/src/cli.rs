@@ -66,6 +66,12 @@ pub enum Command {
         name: String,
         #[command(flatten)]
         args: front::command_args::CommandArgs,
+        /// Print measurements on stderr at the end: this exec's wall time,
+        /// CPU time and peak RSS, and the sandbox's peak RSS (its
+        /// supervisor's, since it started: the VMM and the guest memory it
+        /// touched)
+        #[arg(long)]
+        print_stats: bool,
         /// The command and its arguments, after `--`
         #[arg(last = true, value_name = "CMD")]
         argv: Vec<String>,
@@ -119,7 +125,12 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
             let words = std::env::args().skip(2).collect();
             front::sandbox::create(&name, &options, words)
         }
-        Command::Exec { name, args, argv } => front::sandbox::exec(&name, &args, argv),
+        Command::Exec {
+            name,
+            args,
+            print_stats,
+            argv,
+        } => front::sandbox::exec(&name, &args, argv, print_stats),
         Command::Ls { args } => front::sandbox::ls(&args),
         Command::Stop { name } => front::sandbox::stop(&name),
         Command::Start { name } => front::sandbox::start(&name),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 const PANIC_BANNER: &[u8] = b"Kernel panic - not syncing";
 /// The OOM killer's report (mm/oom_kill.c), printed at KERN_ERR, so it
 /// reaches the console even with `quiet`.
-const OOM_BANNER: &[u8] = b"Out of memory: Killed process";
+pub const OOM_BANNER: &[u8] = b"Out of memory: Killed process";
 /// Past this much buffered output a line without a newline is flushed anyway.
 const MAX_BUFFERED: usize = 4096;
 

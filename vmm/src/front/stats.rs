@@ -59,6 +59,29 @@ pub(crate) fn print_stats(
         }
         None => eprintln!("mvm: boot to init: no boot marker from the guest"),
     }
+    print_process_stats(started);
+    if let Some(kib) = machine.guest_resident_kib() {
+        eprintln!("mvm: guest resident: {kib} KiB");
+    }
+    if let Some(at) = teardown_from {
+        eprintln!("mvm: teardown: {:.1} ms", at.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
+/// `mvm exec --print-stats`: this process's wall and CPU time and peak
+/// RSS, and the sandbox's: its supervisor's peak RSS (`VmHWM`, since it
+/// started: the VMM and the guest memory it touched), read at the end
+/// from `supervisor`, the pid it had when the exec began.
+pub(crate) fn print_exec_stats(started: Instant, supervisor: Option<i32>) {
+    print_process_stats(started);
+    match supervisor.and_then(peak_rss_kib) {
+        Some(kib) => eprintln!("mvm: sandbox peak rss: {kib} KiB"),
+        None => eprintln!("mvm: sandbox peak rss: none (its supervisor has ended)"),
+    }
+}
+
+/// This process's wall time since `started`, CPU time and peak RSS.
+fn print_process_stats(started: Instant) {
     eprintln!("mvm: wall: {:.3} s", started.elapsed().as_secs_f64());
     if let Some(usage) = self_usage() {
         let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
@@ -68,12 +91,16 @@ pub(crate) fn print_stats(
         );
         eprintln!("mvm: peak rss: {} KiB", usage.ru_maxrss);
     }
-    if let Some(kib) = machine.guest_resident_kib() {
-        eprintln!("mvm: guest resident: {kib} KiB");
-    }
-    if let Some(at) = teardown_from {
-        eprintln!("mvm: teardown: {:.1} ms", at.elapsed().as_secs_f64() * 1e3);
-    }
+}
+
+/// `VmHWM` of process `pid`, in KiB.
+fn peak_rss_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }
 
 fn self_usage() -> Option<libc::rusage> {
@@ -81,4 +108,17 @@ fn self_usage() -> Option<libc::rusage> {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage fills the valid out-pointer it is given.
     (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0).then_some(usage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_process_has_a_peak_rss_and_a_gone_one_none() {
+        let own = peak_rss_kib(std::process::id() as i32);
+        assert!(own.is_some_and(|kib| kib > 0), "{own:?}");
+        // Beyond the kernel's PID_MAX_LIMIT (4194304): never a process.
+        assert_eq!(peak_rss_kib(i32::MAX), None);
+    }
 }

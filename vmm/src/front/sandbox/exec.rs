@@ -6,6 +6,7 @@
 
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -16,7 +17,9 @@ use signal_hook::iterator::Signals;
 
 use super::super::command_args::CommandArgs;
 use super::super::run::print_console_tail;
+use super::super::stats::print_exec_stats;
 use super::super::{setup_failure, Failure};
+use super::console_mark::ConsoleMark;
 use super::{last_error, sandbox_failure};
 use crate::exit_code;
 use crate::sandboxes::{Paths, State, EXEC_DEFAULTS, SUPERVISOR_LOG};
@@ -32,9 +35,30 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 /// its supervisor then exits, leaving why in its log.
 const ENDED_WAIT: Duration = Duration::from_secs(3);
 
-/// Runs `argv` in sandbox `name`; returns its exit status.
-pub fn exec(name: &str, args: &CommandArgs, argv: Vec<String>) -> Result<i32, Failure> {
+/// Runs `argv` in sandbox `name`; returns its exit status. With
+/// `print_stats`, says what it cost at the end, whatever the outcome.
+pub fn exec(
+    name: &str,
+    args: &CommandArgs,
+    argv: Vec<String>,
+    print_stats: bool,
+) -> Result<i32, Failure> {
+    let started = Instant::now();
     let paths = Paths::of(name).map_err(sandbox_failure)?;
+    let supervisor = paths.pid();
+    let result = exec_in(name, &paths, args, argv);
+    if print_stats {
+        print_exec_stats(started, supervisor);
+    }
+    result
+}
+
+fn exec_in(
+    name: &str,
+    paths: &Paths,
+    args: &CommandArgs,
+    argv: Vec<String>,
+) -> Result<i32, Failure> {
     paths.read_record().map_err(sandbox_failure)?;
     match paths.state() {
         State::Running => {}
@@ -59,7 +83,8 @@ pub fn exec(name: &str, args: &CommandArgs, argv: Vec<String>) -> Result<i32, Fa
             "no command given: put it after -- (e.g. mvm exec {name} -- uname -a)"
         )));
     }
-    let request = request(&paths, args, argv)?;
+    let request = request(paths, args, argv)?;
+    let console = ConsoleMark::at_end_of(paths.runtime_file("console.log"));
     let socket = paths.runtime_file("vsock.sock");
     // The agent of a running sandbox listens: a connection it does not
     // take within the limit is refused (the socket's owner is another
@@ -72,26 +97,38 @@ pub fn exec(name: &str, args: &CommandArgs, argv: Vec<String>) -> Result<i32, Fa
             CONNECT_LIMIT.as_secs(),
             socket.display()
         )),
-        e => lost(name, &paths, &e),
+        e => lost(name, paths, &e),
     })?;
     let writer: Writer =
         Arc::new(Mutex::new(stream.try_clone().map_err(|e| {
             setup_failure(format!("cannot use the exec channel: {e}"))
         })?));
-    let mut reader =
-        client::start(&stream, &writer, request).map_err(|e| lost(name, &paths, &e))?;
+    let mut reader = client::start(&stream, &writer, request).map_err(|e| lost(name, paths, &e))?;
     let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
-    forward_signals(writer.clone(), &stream)?;
+    let cut_by = Arc::new(AtomicI32::new(0));
+    forward_signals(writer.clone(), &stream, cut_by.clone())?;
     if args.interactive {
         client::pump_stdin(writer);
     } else {
-        client::send(&writer, &Message::StdinEof).map_err(|e| lost(name, &paths, &e))?;
+        client::send(&writer, &Message::StdinEof).map_err(|e| lost(name, paths, &e))?;
     }
     let exit = client::relay_output(&mut reader);
     drop(raw_mode);
+    console.report_oom(name, exit.as_ref().ok().map(|e| e.status));
     let _ = stream.shutdown(Shutdown::Both);
-    exit.map(|e| i32::from(e.status))
-        .map_err(|e| lost(name, &paths, &e))
+    exit.map(|e| i32::from(e.status)).map_err(|e| {
+        match cut_by.load(Ordering::SeqCst) {
+            0 => lost(name, paths, &e),
+            // As `mvm run` ends after a signal's grace: 128 + the signal.
+            sig => Failure {
+                message: format!(
+                    "stopped by signal {sig}; the command did not end within {} s and was killed in the sandbox",
+                    TERMINATE_GRACE.as_secs()
+                ),
+                code: 128 + sig,
+            },
+        }
+    })
 }
 
 /// The command's channel broke (exit 121, as for `mvm run`). If the
@@ -165,8 +202,13 @@ fn request(paths: &Paths, args: &CommandArgs, argv: Vec<String>) -> Result<ExecR
 
 /// Ctrl-C, SIGQUIT, SIGTERM and SIGHUP go to the command; SIGWINCH
 /// resizes its terminal. After SIGTERM or SIGHUP the command gets the
-/// grace period, then the channel is cut (the agent kills the command).
-fn forward_signals(writer: Writer, stream: &UnixStream) -> Result<(), Failure> {
+/// grace period, then the channel is cut (the agent kills the command)
+/// and `cut_by` says by which signal.
+fn forward_signals(
+    writer: Writer,
+    stream: &UnixStream,
+    cut_by: Arc<AtomicI32>,
+) -> Result<(), Failure> {
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH])
         .map_err(|e| setup_failure(format!("cannot install signal handlers: {e}")))?;
     let cut = stream
@@ -185,9 +227,12 @@ fn forward_signals(writer: Writer, stream: &UnixStream) -> Result<(), Failure> {
                 };
                 if sig == SIGTERM || sig == SIGHUP {
                     let cut = cut.try_clone();
+                    let cut_by = cut_by.clone();
                     thread::spawn(move || {
                         thread::sleep(TERMINATE_GRACE);
                         if let Ok(cut) = cut {
+                            let _ =
+                                cut_by.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
                             let _ = cut.shutdown(Shutdown::Both);
                         }
                     });
