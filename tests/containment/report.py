@@ -46,11 +46,10 @@ EXPECTED = [
 # (MVM_BATTERY_VIA=sandbox, tests/containment/via.rs: mvm create, then the
 # attack by mvm exec, then mvm rm -f), so that exec is held to what run
 # is. Left out: 10a (its 1 GB flood takes minutes; 10b's 160 MB pass the
-# same path well beyond the 64 MiB bound), 10d (a command's --timeout,
-# which exec has not) and the in-process 11a.
+# same path well beyond the 64 MiB bound) and the in-process 11a.
 SANDBOX_EXPECTED = [
     "1", "2", "3", "3b", "3c-a", "3c-b", "3c-c", "3c-d", "3c-e", "4", "5", "6a", "6b", "6c", "6d", "7", "8",
-    "9a", "9b", "9c", "9d", "10b", "10c", "10e", "10f", "11b", "11c", "11d", "11e",
+    "9a", "9b", "9c", "9d", "10b", "10c", "10d", "10e", "10f", "11b", "11c", "11d", "11e",
 ]
 
 SOURCES = {
@@ -326,8 +325,7 @@ def sandbox_section(rows):
         "(the supervisor's `VmHWM`: VMM and guest memory), together what "
         "`mvm run`'s one process holds. Left out: 10a (its 1 GB flood "
         "takes minutes; 10b's 160 MB pass the same path well beyond the "
-        "64 MiB bound), 10d (a command's `--timeout`, which `mvm exec` has "
-        "not) and the in-process 11a.\n\n"
+        "64 MiB bound) and the in-process 11a.\n\n"
         f"{summary}.\n\n{table(rows)}\n"
     )
     return text, summary, problems

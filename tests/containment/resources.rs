@@ -593,25 +593,39 @@ fn check_10d_stdin_that_never_closes() {
     .control(Source::Mvm, "the harness's own `-i -- cat` call relays abc");
     // A FIFO held open by a sleeping writer: stdin that never ends, which
     // the wrapper (it reads stdin to its end first) cannot give mvm.
+    let t = nested_attack("true", &["-i", "--no-workspace", "--", "true"]);
+    let cat = nested_attack(
+        "cat",
+        &["-i", "--no-workspace", "--timeout", "5", "--", "cat"],
+    );
     let after = script(&format!(
         r#"
 mkfifo /run/tmp/in
 sleep 300 >/run/tmp/in &
 writer=$!
+{t_create}
 t0=$(date +%s)
-$MVM run {extra} -i --no-workspace -- true </run/tmp/in >/dev/null 2>/run/tmp/true.err
+{t_call} </run/tmp/in >/dev/null 2>/run/tmp/true.err
 echo "true_status=$? seconds=$(( $(date +%s) - t0 ))"
+{t_remove}
 {}
+{cat_create}
 t0=$(date +%s)
-$MVM run {extra} -i --no-workspace --timeout 5 -- cat </run/tmp/in >/dev/null 2>/run/tmp/cat.err
+{cat_call} </run/tmp/in >/dev/null 2>/run/tmp/cat.err
 echo "cat_status=$? seconds=$(( $(date +%s) - t0 ))"
+{cat_remove}
 {}
 kill $writer
 {LEFTOVERS}
 "#,
         show("true", "/run/tmp/true.err"),
         show("cat", "/run/tmp/cat.err"),
-        extra = crate::battery::extra_args().join(" "),
+        t_create = t.create,
+        t_call = t.call,
+        t_remove = t.remove,
+        cat_create = cat.create,
+        cat_call = cat.call,
+        cat_remove = cat.remove,
     ));
     let run = check.run(|| {
         control(

@@ -9,13 +9,11 @@
 //! mvm run's are), and `mvm rm -f NAME` as the teardown script, before the
 //! test host's leftover check, so a supervisor or virtiofsd that `rm`
 //! does not end is left behind and fails the call. The flags that choose
-//! a command's user, environment, directory and streams go to `exec`;
-//! everything else (shares, image, size, egress, secrets, the red runs'
-//! weakening flags) to `create`. `--timeout`, a safety net in the checks
-//! that give it and refused by `create` (a sandbox runs until stopped), is
-//! left out: the test-host call's own limit ends a hung one. A check that needs what
-//! only `mvm run` prints (the console) cannot run this
-//! way and says so instead of passing without its evidence. A check's
+//! a command's user, environment, directory, streams, time limit and
+//! statistics go to `exec`; everything else (shares, image, size, egress,
+//! secrets, the red runs' weakening flags) to `create`. A check that needs
+//! what only `mvm run` prints (the console) cannot run this way and says
+//! so instead of passing without its evidence. A check's
 //! scripts make their own runs through [`nested`] the same way.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,7 +47,15 @@ impl Via {
 }
 
 /// `mvm exec`'s own flags that take a value.
-const EXEC_VALUE_FLAGS: [&str; 6] = ["-e", "--env", "-w", "--workdir", "-u", "--user"];
+const EXEC_VALUE_FLAGS: [&str; 7] = [
+    "-e",
+    "--env",
+    "-w",
+    "--workdir",
+    "-u",
+    "--user",
+    "--timeout",
+];
 /// `mvm exec`'s own flags without one (its `--print-stats` gives its own
 /// peak RSS and its sandbox's: `battery::peak_rss`).
 const EXEC_FLAGS: [&str; 6] = [
@@ -176,14 +182,6 @@ impl<'a> Split<'a> {
                 !RUN_ONLY.contains(&name),
                 "this check needs {flag}, which only mvm run prints (not mvm exec): it cannot run through a sandbox"
             );
-            if flag == "--timeout" {
-                i += 2;
-                continue;
-            }
-            if name == "--timeout" {
-                i += 1;
-                continue;
-            }
             if EXEC_VALUE_FLAGS.contains(&flag) {
                 split.exec.extend_from_slice(&flags[i..i + 2]);
                 i += 2;
@@ -232,7 +230,18 @@ mod tests {
             "echo -e x",
         ]);
         assert_eq!(split.create, ["--memory", "128M", "--write"]);
-        assert_eq!(split.exec, ["--root", "-e", "A=1", "--workdir=/tmp"]);
+        assert_eq!(
+            split.exec,
+            [
+                "--root",
+                "-e",
+                "A=1",
+                "--workdir=/tmp",
+                "--timeout",
+                "20",
+                "--timeout=30"
+            ]
+        );
         assert_eq!(split.command, ["sh", "-c", "echo -e x"]);
     }
 

@@ -66,12 +66,8 @@ pub enum Command {
         name: String,
         #[command(flatten)]
         args: front::command_args::CommandArgs,
-        /// Print measurements on stderr at the end: this exec's wall time,
-        /// CPU time and peak RSS, and the sandbox's peak RSS (its
-        /// supervisor's, since it started: the VMM and the guest memory it
-        /// touched)
-        #[arg(long)]
-        print_stats: bool,
+        #[command(flatten)]
+        options: front::sandbox::ExecArgs,
         /// The command and its arguments, after `--`
         #[arg(last = true, value_name = "CMD")]
         argv: Vec<String>,
@@ -128,9 +124,9 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
         Command::Exec {
             name,
             args,
-            print_stats,
+            options,
             argv,
-        } => front::sandbox::exec(&name, &args, argv, print_stats),
+        } => front::sandbox::exec(&name, &args, &options, argv),
         Command::Ls { args } => front::sandbox::ls(&args),
         Command::Stop { name } => front::sandbox::stop(&name),
         Command::Start { name } => front::sandbox::start(&name),

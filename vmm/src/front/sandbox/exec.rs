@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use mvm_protocol::{ExecRequest, Message, Resize, Signal, AGENT_PORT};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
 use signal_hook::iterator::Signals;
@@ -35,19 +36,46 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 /// its supervisor then exits, leaving why in its log.
 const ENDED_WAIT: Duration = Duration::from_secs(3);
 
+/// `mvm exec`'s options of its own, beside the command's.
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Kill the command after this many seconds (exit status 124); the
+    /// sandbox runs on
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Print measurements on stderr at the end: this exec's wall time, CPU
+    /// time and peak RSS, and the sandbox's peak RSS (its supervisor's,
+    /// since it started: the VMM and the guest memory it touched)
+    #[arg(long)]
+    pub print_stats: bool,
+}
+
+/// Why an exec cut its channel itself: `cut_by`'s value for `--timeout`
+/// (a signal's number otherwise).
+const CUT_BY_TIMEOUT: i32 = -1;
+
 /// Runs `argv` in sandbox `name`; returns its exit status. With
-/// `print_stats`, says what it cost at the end, whatever the outcome.
+/// `--print-stats`, says what it cost at the end, whatever the outcome.
 pub fn exec(
     name: &str,
     args: &CommandArgs,
+    options: &ExecArgs,
     argv: Vec<String>,
-    print_stats: bool,
 ) -> Result<i32, Failure> {
     let started = Instant::now();
+    let timeout = match options.timeout {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(setup_failure(format!(
+                "--timeout must be a positive number of seconds, not {t}"
+            )))
+        }
+    };
     let paths = Paths::of(name).map_err(sandbox_failure)?;
     let supervisor = paths.pid();
-    let result = exec_in(name, &paths, args, argv);
-    if print_stats {
+    let result = exec_in(name, &paths, args, timeout, argv);
+    if options.print_stats {
         print_exec_stats(started, supervisor);
     }
     result
@@ -57,6 +85,7 @@ fn exec_in(
     name: &str,
     paths: &Paths,
     args: &CommandArgs,
+    timeout: Option<Duration>,
     argv: Vec<String>,
 ) -> Result<i32, Failure> {
     paths.read_record().map_err(sandbox_failure)?;
@@ -107,6 +136,9 @@ fn exec_in(
     let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
     let cut_by = Arc::new(AtomicI32::new(0));
     forward_signals(writer.clone(), &stream, cut_by.clone())?;
+    if let Some(limit) = timeout {
+        cut_after(limit, &stream, cut_by.clone(), CUT_BY_TIMEOUT)?;
+    }
     if args.interactive {
         client::pump_stdin(writer);
     } else {
@@ -119,6 +151,13 @@ fn exec_in(
     exit.map(|e| i32::from(e.status)).map_err(|e| {
         match cut_by.load(Ordering::SeqCst) {
             0 => lost(name, paths, &e),
+            CUT_BY_TIMEOUT => Failure {
+                message: format!(
+                    "the command did not finish within --timeout {}s; it was killed in the sandbox",
+                    timeout.unwrap_or_default().as_secs_f64()
+                ),
+                code: exit_code::TIMEOUT,
+            },
             // As `mvm run` ends after a signal's grace: 128 + the signal.
             sig => Failure {
                 message: format!(
@@ -200,6 +239,25 @@ fn request(paths: &Paths, args: &CommandArgs, argv: Vec<String>) -> Result<ExecR
     Ok(request)
 }
 
+/// Cuts the channel after `wait` unless the exec ended first (the agent
+/// then kills the command), noting `why` in `cut_by` for the exit status.
+fn cut_after(
+    wait: Duration,
+    stream: &UnixStream,
+    cut_by: Arc<AtomicI32>,
+    why: i32,
+) -> Result<(), Failure> {
+    let cut = stream
+        .try_clone()
+        .map_err(|e| setup_failure(format!("cannot use the exec channel: {e}")))?;
+    thread::spawn(move || {
+        thread::sleep(wait);
+        let _ = cut_by.compare_exchange(0, why, Ordering::SeqCst, Ordering::SeqCst);
+        let _ = cut.shutdown(Shutdown::Both);
+    });
+    Ok(())
+}
+
 /// Ctrl-C, SIGQUIT, SIGTERM and SIGHUP go to the command; SIGWINCH
 /// resizes its terminal. After SIGTERM or SIGHUP the command gets the
 /// grace period, then the channel is cut (the agent kills the command)
@@ -226,16 +284,7 @@ fn forward_signals(
                     _ => Message::Signal(Signal { signal: sig }),
                 };
                 if sig == SIGTERM || sig == SIGHUP {
-                    let cut = cut.try_clone();
-                    let cut_by = cut_by.clone();
-                    thread::spawn(move || {
-                        thread::sleep(TERMINATE_GRACE);
-                        if let Ok(cut) = cut {
-                            let _ =
-                                cut_by.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
-                            let _ = cut.shutdown(Shutdown::Both);
-                        }
-                    });
+                    let _ = cut_after(TERMINATE_GRACE, &cut, cut_by.clone(), sig);
                 }
                 let writer = writer.clone();
                 // Off this thread: a send may wait for the guest's credit.

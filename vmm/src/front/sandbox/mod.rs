@@ -20,7 +20,7 @@ use super::{setup_failure, Failure, VmArgs};
 use crate::sandboxes;
 
 pub use create::{create, start};
-pub use exec::exec;
+pub use exec::{exec, ExecArgs};
 pub use manage::{logs, ls, rm, stop, LsArgs, RmArgs};
 pub use supervise::supervise;
 
