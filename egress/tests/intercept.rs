@@ -101,6 +101,14 @@ struct Run {
     egress: Egress,
     ca: Vec<CertificateDer<'static>>,
     port: u16,
+    /// The secrets and CA files: removed with the run.
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A proxy with TOKEN bound to api.test:PORT, api.test and other.test
@@ -142,7 +150,12 @@ fn start(port: u16, server_ca: &str) -> Run {
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
     assert_eq!(ca.len(), 1);
-    Run { egress, ca, port }
+    Run {
+        egress,
+        ca,
+        port,
+        dir,
+    }
 }
 
 /// What a hostile guest's TLS client does: takes any certificate (so

@@ -76,7 +76,7 @@ pub(crate) fn print_exec_stats(started: Instant, supervisor: Option<i32>) {
     print_process_stats(started);
     match supervisor.and_then(peak_rss_kib) {
         Some(kib) => eprintln!("mvm: sandbox peak rss: {kib} KiB"),
-        None => eprintln!("mvm: sandbox peak rss: none (its supervisor has ended)"),
+        None => eprintln!("mvm: sandbox peak rss: none (no running supervisor to read)"),
     }
 }
 

@@ -87,13 +87,18 @@ impl VmArgs {
     }
 
     pub(crate) fn timeout(&self) -> Result<Option<Duration>, Failure> {
-        match self.timeout {
-            None => Ok(None),
-            Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Duration::from_secs_f64(t))),
-            Some(t) => Err(setup_failure(format!(
-                "--timeout must be a positive number of seconds, not {t}"
-            ))),
-        }
+        timeout_duration(self.timeout)
+    }
+}
+
+/// A `--timeout SECS` (of `run`, `boot` or `exec`) as a duration.
+pub(crate) fn timeout_duration(secs: Option<f64>) -> Result<Option<Duration>, Failure> {
+    match secs {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Duration::from_secs_f64(t))),
+        Some(t) => Err(setup_failure(format!(
+            "--timeout must be a positive number of seconds, not {t}"
+        ))),
     }
 }
 

@@ -19,6 +19,7 @@ use signal_hook::iterator::Signals;
 use super::super::command_args::CommandArgs;
 use super::super::run::print_console_tail;
 use super::super::stats::print_exec_stats;
+use super::super::vm_args::timeout_duration;
 use super::super::{setup_failure, Failure};
 use super::console_mark::ConsoleMark;
 use super::{last_error, sandbox_failure};
@@ -63,15 +64,7 @@ pub fn exec(
     argv: Vec<String>,
 ) -> Result<i32, Failure> {
     let started = Instant::now();
-    let timeout = match options.timeout {
-        None => None,
-        Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
-        Some(t) => {
-            return Err(setup_failure(format!(
-                "--timeout must be a positive number of seconds, not {t}"
-            )))
-        }
-    };
+    let timeout = timeout_duration(options.timeout)?;
     let paths = Paths::of(name).map_err(sandbox_failure)?;
     let supervisor = paths.pid();
     let result = exec_in(name, &paths, args, timeout, argv);
