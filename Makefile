@@ -6,7 +6,8 @@
 # clones; everything else lands in build/ (ignored by git):
 #   build/bin/mvm                  the VMM (static)
 #   build/libexec/mvm/virtiofsd    virtio-fs backend mvm spawns (static,
-#                                  crate virtiofsd, scripts/build-virtiofsd.sh)
+#                                  virtiofsd/: the virtiofsd crate behind
+#                                  mvm's guard, scripts/build-virtiofsd.sh)
 #   build/libexec/mvm/mvm-egress   the host-side egress proxy (static,
 #                                  egress/, docs/network.md)
 #   build/share/mvm/vmlinux        guest kernel (+ kernel.release, source-*)
@@ -66,9 +67,11 @@ $(EGRESS): $(RELEASE)/mvm-egress
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-# Cached by the script itself (keyed on virtiofsd's version and the script's
-# RECIPE); needs libseccomp-dev and libcap-ng-dev from `make deps`.
-$(VIRTIOFSD): scripts/build-virtiofsd.sh build/.deps
+# mvm's virtiofsd (virtiofsd/: the virtiofsd crate behind mvm's guard).
+# Cached by the script itself (keyed on virtiofsd's version, the script's
+# RECIPE and virtiofsd/'s sources); needs libseccomp-dev and libcap-ng-dev
+# from `make deps`.
+$(VIRTIOFSD): scripts/build-virtiofsd.sh build/.deps virtiofsd/Cargo.toml virtiofsd/Cargo.lock $(wildcard virtiofsd/src/*.rs virtiofsd/src/*/*.rs)
 	scripts/build-virtiofsd.sh $@
 
 $(INITRAMFS): $(RELEASE)/mvm-init rootfs/build.sh build/.deps
@@ -95,16 +98,21 @@ $(TH_INITRAMFS): tests/testhost/build-initramfs.sh tests/testhost/init.sh build/
 demo: all
 	tests/testhost/mvm run -- uname -a
 
-lint:
+lint: build/.deps
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cd fuzz && cargo fmt -- --check
 	cd fuzz && CARGO_TARGET_DIR=../target/fuzz-lint cargo clippy --locked --all-targets -- -D warnings
+	cd virtiofsd && cargo fmt -- --check
+	cd virtiofsd && CARGO_TARGET_DIR=../target/virtiofsd cargo clippy --locked --all-targets -- -D warnings
 	python3 tests/containment/report.py --check-ids tests/containment
 
-# Unit tests (no KVM) and the tiny-guest tests (this machine's /dev/kvm).
-unit:
+# Unit tests (no KVM) and the tiny-guest tests (this machine's /dev/kvm);
+# virtiofsd/'s guard against a real passthrough file system in a scratch
+# directory.
+unit: build/.deps
 	cargo test --workspace --locked
+	cd virtiofsd && CARGO_TARGET_DIR=../target/virtiofsd cargo test --locked
 
 # Fuzzing: each target in fuzz/ (a hostile guest driver against the
 # virtio-mmio transport, the block and the vsock device; hostile bytes
@@ -118,8 +126,11 @@ fuzz: build/.deps
 # Every suite boots cold; then the exec suite runs again through
 # templates (MVM_E2E_TEMPLATES=1: kept in target/e2e-templates
 # across test-host calls, so each machine layout's first call saves one
-# and every later call restores it; docs/testing.md).
+# and every later call restores it; docs/testing.md). First, the hostile
+# driver against mvm's built virtiofsd (this machine's /dev/kvm, a tiny
+# guest: vmm/tests/hostile_driver.rs).
 e2e: all
+	cargo test --locked -p mvm --test hostile_driver -- --ignored
 	cargo test --locked -p mvm-e2e -- --ignored --test-threads=1
 	rm -rf target/e2e-templates
 	MVM_E2E_TEMPLATES=1 cargo test --locked -p mvm-e2e --test exec -- --ignored --test-threads=1
@@ -211,11 +222,13 @@ battery-doc: battery battery-red
 
 # Second README command: everything, then a summary of what the tests
 # noted (skips, which fail unless MVM_ALLOW_SKIPS=1, and retried
-# test-host calls).
+# test-host calls). The end-to-end suites and the battery run side by
+# side (tests/lanes.sh: each test-host call keeps one core busy, and CI
+# has two), their lines prefixed [e2e] and [battery].
 EVENTS := target/test-events
 test:
 	rm -rf $(EVENTS)
-	$(MAKE) lint unit fuzz e2e battery; status=$$?; tests/summary.sh $(EVENTS); exit $$status
+	$(MAKE) lint unit fuzz all && tests/lanes.sh e2e battery; status=$$?; tests/summary.sh $(EVENTS); exit $$status
 
 clean:
 	rm -rf build target

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds a statically linked virtiofsd (the virtio-fs backend mvm spawns as
-# a helper process) from its published crate, and caches the result.
+# Builds mvm's statically linked virtiofsd (the virtio-fs backend mvm
+# spawns as a helper process: virtiofsd/ in this repository, the published
+# virtiofsd crate as a library behind mvm's guard for files the host runs
+# later), and caches the result.
 #
 #   scripts/build-virtiofsd.sh OUT_PATH
 #
@@ -10,9 +12,10 @@
 # /mvm/libexec/mvm/virtiofsd. libseccomp and libcap-ng are linked in from
 # their Debian -dev packages' static archives (scripts/install-deps.sh).
 #
-# The cache key is VERSION and RECIPE (bump it when a change to this script
-# changes what gets built): the binary lives in
-# $MVM_CACHE/virtiofsd-VERSION-static/rRECIPE/, so a second run is a copy.
+# The cache key is VERSION, RECIPE (bump it when a change to this script
+# changes what gets built) and a hash of virtiofsd/'s sources: the binary
+# lives in $MVM_CACHE/virtiofsd-VERSION-static/rRECIPE-HASH/, so a second
+# run is a copy.
 # Concurrent runs are serialised with a lock in that directory. The build
 # uses its own CARGO_TARGET_DIR there (never the repo's target/), removed
 # once the binary is in the cache. The result is checked before it is
@@ -21,8 +24,9 @@
 set -euo pipefail
 
 VERSION=1.14.0
-RECIPE=1
+RECIPE=2
 TARGET=x86_64-unknown-linux-gnu
+src=$(cd "$(dirname "$0")/../virtiofsd" && pwd)
 
 if [ $# -ne 1 ]; then
     echo "usage: $0 OUT_PATH" >&2
@@ -31,7 +35,8 @@ fi
 out=$1
 cache=${MVM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mvm}
 dir=$cache/virtiofsd-$VERSION-static
-built=$dir/r$RECIPE
+sources=$(cd "$src" && find Cargo.toml Cargo.lock src -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
+built=$dir/r$RECIPE-$sources
 mkdir -p "$dir"
 exec 9>"$dir/build.lock"
 flock 9
@@ -78,16 +83,16 @@ if [ ! -f "$built/virtiofsd" ]; then
     rm -rf "$root" "$built.tmp"
     echo "virtiofsd: building $VERSION (static, $TARGET)" >&2
     start=$(date +%s)
-    # --locked: the crate's own Cargo.lock. --target keeps crt-static off
-    # build scripts and proc macros. Run from the cache dir so nothing of
-    # the caller's directory (a toolchain file, cargo config) applies.
+    # --locked: virtiofsd/Cargo.lock. --target keeps crt-static off build
+    # scripts and proc macros. Run from the cache dir so nothing of the
+    # caller's directory (a toolchain file, cargo config) applies.
     (
         cd "$dir"
         export CARGO_TARGET_DIR=$dir/target
         export LIBSECCOMP_LINK_TYPE=static LIBSECCOMP_LIB_PATH=$seccomp_dir
         export LIBCAPNG_LINK_TYPE=static LIBCAPNG_LIB_PATH=$capng_dir
         export RUSTFLAGS="-C target-feature=+crt-static"
-        cargo install --locked --quiet "virtiofsd@$VERSION" --target "$TARGET" --root "$root" >&2
+        cargo install --locked --quiet --path "$src" --target "$TARGET" --root "$root" >&2
     )
     verify "$root/bin/virtiofsd"
     mkdir -p "$built.tmp"
@@ -97,6 +102,8 @@ if [ ! -f "$built/virtiofsd" ]; then
     echo "$(($(date +%s) - start))" >"$built.tmp/build-seconds"
     rm -rf "$built" && mv "$built.tmp" "$built"
     rm -rf "$root" "$dir/target"
+    # Builds of earlier sources are not used again.
+    find "$dir" -mindepth 1 -maxdepth 1 -name 'r[0-9]*' ! -name "r$RECIPE-$sources" -exec rm -rf {} +
     echo "virtiofsd: built in $(cat "$built/build-seconds") s" >&2
 fi
 

@@ -197,7 +197,7 @@ impl Proxy {
         client: &mut UnixStream,
         rec: &mut Record,
     ) -> Result<Option<(Upstream, Vec<u8>)>, Refusal> {
-        let (req, leftover) = self.until_end(self.read_head(client)).await?;
+        let (req, read, head_len) = self.until_end(self.read_head(client)).await?;
         let (host, port) = req.host_port();
         let host = host.clone();
         rec.method = Some(req.method().to_string());
@@ -206,6 +206,19 @@ impl Proxy {
         if let Request::Forward { path, .. } = &req {
             rec.path = Some(path.split('?').next().unwrap_or("/").to_string());
         }
+        // After the record has the request: the audit line says where the
+        // placeholder was headed.
+        if let Some(name) = self.leak_in(&read) {
+            return Err(Refusal {
+                status: 403,
+                decision: "denied",
+                rule: "placeholder leak".into(),
+                message: format!(
+                    "the placeholder of secret {name} was sent in a request the proxy does not intercept (plain HTTP, or a CONNECT line); it is replaced only in the headers of HTTPS requests to the hosts it is bound to"
+                ),
+            });
+        }
+        let leftover = read[head_len..].to_vec();
         if self.used.load(Ordering::Relaxed) >= self.limits.max_bytes {
             return Err(self.budget_refusal());
         }
@@ -356,9 +369,13 @@ impl Proxy {
         )
     }
 
-    /// The request head, within the size and time limits, and what the
-    /// client sent after it.
-    async fn read_head(&self, client: &mut UnixStream) -> Result<(Request, Vec<u8>), Refusal> {
+    /// The request head, within the size and time limits: the request,
+    /// every byte read (the head and what the client sent after it) and
+    /// the head's length.
+    async fn read_head(
+        &self,
+        client: &mut UnixStream,
+    ) -> Result<(Request, Vec<u8>, usize), Refusal> {
         let max = self.limits.max_header_bytes;
         let read = async {
             let mut buf = Vec::with_capacity(1024);
@@ -392,19 +409,7 @@ impl Proxy {
                 }
                 match request::parse(&buf) {
                     Ok(None) => {}
-                    Ok(Some((req, len))) => {
-                        if let Some(name) = self.leak_in(&buf) {
-                            return Err(Refusal {
-                                status: 403,
-                                decision: "denied",
-                                rule: "placeholder leak".into(),
-                                message: format!(
-                                    "the placeholder of secret {name} was sent in a request the proxy does not intercept (plain HTTP, or a CONNECT line); it is replaced only in the headers of HTTPS requests to the hosts it is bound to"
-                                ),
-                            });
-                        }
-                        return Ok((req, buf[len..].to_vec()));
-                    }
+                    Ok(Some((req, len))) => return Ok((req, buf, len)),
                     Err(bad) => return Err(error(bad.status, "bad request", bad.message)),
                 }
             }

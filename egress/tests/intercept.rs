@@ -375,6 +375,18 @@ fn the_real_value_goes_into_the_bound_hosts_headers_and_nowhere_else() {
         .filter(|l| l["rule"] == "placeholder leak" && l["decision"] == "denied")
         .count();
     assert_eq!(leaks, 4, "URL, Host, tunnel, plain HTTP: {text}");
+    // Each says where the placeholder was headed, the plain request too.
+    let plain_leak = log
+        .iter()
+        .find(|l| {
+            l["rule"] == "placeholder leak"
+                && l["status"] == 403
+                && l["method"] == "GET"
+                && l["path"] == "/"
+                && l["host"] == "other.test"
+        })
+        .unwrap_or_else(|| panic!("no leak line for the plain request to other.test: {text}"));
+    assert_eq!(plain_leak["port"], port, "{text}");
     assert!(log.iter().any(|l| l["rule"] == "SNI mismatch"), "{text}");
 }
 

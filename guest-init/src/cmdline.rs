@@ -7,7 +7,7 @@
 //! arbitrary bytes (spaces, quotes, `=`) away from the kernel's own parser.
 //! `mvm.workdir=<hex>`: hex of the working directory, default `/`.
 //! `mvm.agent=1`: the VMM gave the guest a vsock device; serve the exec
-//! channel (docs/protocol.md, version 1) instead of running `mvm.cmd`.
+//! channel (docs/protocol.md, version 2) instead of running `mvm.cmd`.
 //! `mvm.mount=<tag>,<ro|rw>,<hex>`, once per virtio-fs share, in mount
 //! order: the device tag, the access mode and the hex of the guest path.
 

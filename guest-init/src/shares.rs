@@ -3,14 +3,22 @@
 //! tests; the e2e suite boots VMs with shares.
 
 use std::ffi::OsStr;
-use std::fs::DirBuilder;
+use std::fs::{self, DirBuilder};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::ptr;
 
 use crate::cmdline::Share;
 use crate::error::Error;
+
+/// Readahead on a share, in KiB: one FUSE request's most (virtiofsd's
+/// 1 MiB buffer, 256 pages). The kernel's default for a FUSE mount is
+/// 128 KiB, and the server can only lower it (FUSE_INIT's
+/// max_readahead), so guest-init raises it. Measured in the test host
+/// (one VM, caches dropped between runs, a 200 MB file): 2.6-3.2 s to
+/// read at 128 KiB, 1.0-1.3 s at 1 MiB, 0.8-1.1 s at 4 MiB.
+pub const SHARE_READAHEAD_KB: u32 = 1024;
 
 /// Mounts every share in the given order, so that a later one can lie
 /// inside an earlier one.
@@ -46,9 +54,20 @@ fn mount(share: &Share) -> Result<(), Error> {
             ptr::null(),
         )
     };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(fail(io::Error::last_os_error()))
+    if rc != 0 {
+        return Err(fail(io::Error::last_os_error()));
     }
+    set_readahead(OsStr::from_bytes(share.path.as_bytes())).map_err(fail)
+}
+
+/// The mount's backing device info is named after its device number.
+fn set_readahead(mount_point: &OsStr) -> io::Result<()> {
+    let dev = fs::metadata(mount_point)?.dev();
+    let knob = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    fs::write(&knob, SHARE_READAHEAD_KB.to_string())
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot set {knob}: {e}")))
 }

@@ -6,6 +6,7 @@
 //! module has no unit tests.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mvm_protocol::boot;
 
@@ -17,6 +18,15 @@ pub const PORT_COUNT: u16 = boot::STATUS_PORT_LEN;
 pub const BOOT_MARKER_PORT: u16 = PORT_BASE + boot::MARKER_OFFSET;
 /// The u32 exit status of the guest command.
 pub const EXIT_STATUS_PORT: u16 = PORT_BASE + boot::EXIT_STATUS_OFFSET;
+
+/// The kernel's `CLOCK_BOOTTIME` (ns) at the boot marker; 0: not taken.
+static INIT_STARTED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The kernel's `CLOCK_BOOTTIME` in nanoseconds when init wrote its boot
+/// marker, if it did (the agent's `Hello` carries it to the host).
+pub fn init_started_ns() -> Option<u64> {
+    Some(INIT_STARTED_NS.load(Ordering::Relaxed)).filter(|&ns| ns != 0)
+}
 
 /// Gives up this process's access to the mvm ports (ioperm off): for a
 /// child between fork and exec, since the I/O bitmap is inherited and
@@ -62,8 +72,18 @@ impl Ports {
         }
     }
 
-    /// Tells the VMM that init is running in userspace (it timestamps this).
+    /// Tells the VMM that init is running in userspace (it timestamps this),
+    /// and notes the kernel's clock at that moment for the agent's hello.
     pub fn boot_marker(&self) {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: plain syscall filling the valid out-pointer it is given.
+        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) } == 0 {
+            let ns = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
+            INIT_STARTED_NS.store(ns, Ordering::Relaxed);
+        }
         self.marker(boot::MARKER_INIT_STARTED);
     }
 

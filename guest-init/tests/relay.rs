@@ -28,6 +28,10 @@ enum Step {
     WaitFor(&'static str),
     /// Close the connection (the host went away).
     Hangup,
+    /// As mvm's stdin pump does: send up to this many bytes of stdin, only
+    /// as far as the agent's `StdinCredit` allows; go on once no credit
+    /// has come for 500 ms.
+    StdinWithinCredit(usize),
 }
 
 /// What the fake host received.
@@ -39,6 +43,13 @@ struct Received {
     exit: Option<Exit>,
     /// Every message, in order.
     kinds: Vec<mvm_protocol::Kind>,
+    /// `StdinCredit` granted in all.
+    credit: u64,
+    /// Stdin bytes sent by `StdinWithinCredit`.
+    stdin_sent: u64,
+    /// `credit` when the script sent its first `Signal`: once the command
+    /// is gone the agent gives back what it dropped, racing its `Exit`.
+    credit_at_signal: Option<u64>,
 }
 
 struct Outcome {
@@ -54,6 +65,17 @@ fn request(argv: &[&str]) -> ExecRequest {
 /// Spawns `req`, relays it against a host thread running `script`, and
 /// returns once the host saw the end (or the relay failed).
 fn run(signals: &ChildSignals, req: ExecRequest, script: Vec<Step>, slow_reader: bool) -> Outcome {
+    run_hooked(signals, req, script, slow_reader, None)
+}
+
+/// As `run`, with the agent's hook before `Exit`.
+fn run_hooked(
+    signals: &ChildSignals,
+    req: ExecRequest,
+    script: Vec<Step>,
+    slow_reader: bool,
+    before_exit: Option<&mut dyn FnMut(&mut Exit)>,
+) -> Outcome {
     let (agent_end, host_end) = UnixStream::pair().unwrap();
     let agent_end = OwnedFd::from(agent_end);
     fd::set_nonblocking(agent_end.as_fd()).unwrap();
@@ -76,9 +98,11 @@ fn run(signals: &ChildSignals, req: ExecRequest, script: Vec<Step>, slow_reader:
     };
     drop(host_end);
 
-    let result = Relay::new(agent_end.as_fd(), signals, child, &first)
-        .unwrap()
-        .run();
+    let mut relay = Relay::new(agent_end.as_fd(), signals, child, &first).unwrap();
+    if let Some(f) = before_exit {
+        relay = relay.before_exit(f);
+    }
+    let result = relay.run();
     // As the agent does: the command must not outlive its host.
     // SAFETY: plain syscall on the group we started.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
@@ -113,6 +137,7 @@ fn read_all(stream: UnixStream, received: &Mutex<Received>, slow: bool) {
             }
             Message::Stderr(d) => r.stderr.extend(d),
             Message::Error(e) => r.errors.push(e.message),
+            Message::StdinCredit(c) => r.credit += c.bytes,
             Message::Exit(e) => {
                 r.exit = Some(e);
                 break;
@@ -129,6 +154,10 @@ fn play(mut stream: UnixStream, script: Vec<Step>, received: &Mutex<Received>) {
         match step {
             // The agent may be gone already; the outcome shows it.
             Step::Send(m) => {
+                if matches!(m, Message::Signal(_)) {
+                    let mut r = received.lock().unwrap();
+                    r.credit_at_signal = r.credit_at_signal.or(Some(r.credit));
+                }
                 if m.encode(&mut stream).is_err() {
                     return;
                 }
@@ -143,6 +172,31 @@ fn play(mut stream: UnixStream, script: Vec<Step>, received: &Mutex<Received>) {
             Step::Hangup => {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
                 return;
+            }
+            Step::StdinWithinCredit(total) => {
+                let mut quiet_since = Instant::now();
+                loop {
+                    let (credit, sent) = {
+                        let r = received.lock().unwrap();
+                        (r.credit, r.stdin_sent)
+                    };
+                    let room = (credit - sent).min((total as u64 - sent).min(MAX_DATA as u64));
+                    if sent == total as u64 || quiet_since.elapsed() > Duration::from_millis(500) {
+                        break;
+                    }
+                    if room == 0 {
+                        thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    if Message::Stdin(vec![b'x'; room as usize])
+                        .encode(&mut stream)
+                        .is_err()
+                    {
+                        return;
+                    }
+                    received.lock().unwrap().stdin_sent += room;
+                    quiet_since = Instant::now();
+                }
             }
         }
     }
@@ -223,6 +277,65 @@ fn signal_reaches_the_command(signals: &ChildSignals) {
     let o = run(signals, req, script, false);
     assert_eq!(o.result.unwrap(), Exit::signaled(15));
     assert_eq!(o.received.exit.unwrap().status, 143);
+}
+
+fn signal_is_not_held_behind_stdin_the_command_does_not_read(signals: &ChildSignals) {
+    // Issue 16 point 2: the host keeps to its credit, so of 4 MiB of stdin
+    // a command that reads none gets the window plus what its pipe holds,
+    // the stream stays clear and the SIGTERM after it reaches the command.
+    let req = request(&["sh", "-c", "echo ready; exec sleep 100"]);
+    let script = vec![
+        Step::WaitFor("ready"),
+        Step::StdinWithinCredit(4 << 20),
+        Step::Send(Message::Signal(Signal { signal: 15 })),
+    ];
+    let o = run(signals, req, script, false);
+    assert_eq!(o.result.unwrap(), Exit::signaled(15));
+    let (credit, sent) = (o.received.credit_at_signal.unwrap(), o.received.stdin_sent);
+    assert_eq!(
+        sent, credit,
+        "the host used all its credit before the signal"
+    );
+    assert!(
+        (mvm_protocol::STDIN_WINDOW..(1 << 20)).contains(&credit),
+        "credit {credit}: the window plus a pipe's worth at most"
+    );
+}
+
+fn credit_comes_back_as_the_command_reads(signals: &ChildSignals) {
+    // The control: a command that reads its stdin gets credit for all of
+    // it, and every byte arrives.
+    let total = 3 * mvm_protocol::STDIN_WINDOW as usize + 12345;
+    let req = request(&["sh", "-c", "sleep 0.2; wc -c"]);
+    let script = vec![
+        Step::StdinWithinCredit(total),
+        Step::Send(Message::StdinEof),
+    ];
+    let o = run(signals, req, script, false);
+    assert_eq!(o.result.unwrap(), Exit::exited(0));
+    assert_eq!(o.received.stdin_sent, total as u64);
+    assert_eq!(text(&o.received.stdout).trim(), total.to_string());
+    assert!(o.received.credit >= total as u64);
+}
+
+fn the_hook_before_exit_runs_once_and_marks_the_exit(signals: &ChildSignals) {
+    // How the agent adds `oom_kill` (and, for `mvm run`, syncs) before the
+    // VMM sees `Exit`: once, with the command's status, the frame sent
+    // carrying what it set.
+    let mut calls = Vec::new();
+    let mut hook = |exit: &mut Exit| {
+        calls.push(exit.status);
+        exit.oom_kill = true;
+    };
+    let req = request(&["sh", "-c", "head -c 200000 /dev/zero; exit 137"]);
+    let o = run_hooked(signals, req, vec![], false, Some(&mut hook));
+    assert_eq!(calls, [137]);
+    let exit = o.received.exit.unwrap();
+    assert!(exit.oom_kill, "the frame lacks what the hook set");
+    assert_eq!(exit.status, 137);
+    assert!(o.result.unwrap().oom_kill);
+    assert_eq!(o.received.stdout.len(), 200_000);
+    assert_eq!(o.received.kinds.last(), Some(&mvm_protocol::Kind::Exit));
 }
 
 fn bad_signal_is_reported_not_fatal(signals: &ChildSignals) {
@@ -392,6 +505,9 @@ fn main() {
         stdin_round_trip_with_backpressure,
         command_that_ignores_stdin,
         signal_reaches_the_command,
+        signal_is_not_held_behind_stdin_the_command_does_not_read,
+        credit_comes_back_as_the_command_reads,
+        the_hook_before_exit_runs_once_and_marks_the_exit,
         bad_signal_is_reported_not_fatal,
         not_found_is_127_with_a_message,
         not_executable_is_126,

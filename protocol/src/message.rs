@@ -24,11 +24,12 @@ pub enum Kind {
     Stderr = 18,
     Exit = 19,
     Error = 20,
+    StdinCredit = 21,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Hello,
         Kind::Exec,
         Kind::Stdin,
@@ -40,6 +41,7 @@ impl Kind {
         Kind::Stderr,
         Kind::Exit,
         Kind::Error,
+        Kind::StdinCredit,
     ];
 
     /// The kind a wire byte stands for, if any.
@@ -68,17 +70,26 @@ pub enum MessageError {
 }
 
 /// Payload of `Hello`, sent first by the host and answered by the guest.
-/// Its encoding is frozen across versions so that any two versions can tell
-/// each other apart.
+/// Its `version` is frozen across versions so that any two versions can
+/// tell each other apart; fields added after it are optional, and a
+/// reader ignores those it does not know.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
     pub version: u32,
+    /// The guest's: its kernel's `CLOCK_BOOTTIME` in nanoseconds when
+    /// guest-init wrote its boot marker, so that the host can place the
+    /// start of the guest kernel's clock on its own timeline (`--print-stats`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_started_ns: Option<u64>,
 }
 
 impl Hello {
     /// The hello of this crate's protocol version.
     pub fn current() -> Hello {
-        Hello { version: VERSION }
+        Hello {
+            version: VERSION,
+            init_started_ns: None,
+        }
     }
 }
 
@@ -164,13 +175,27 @@ pub struct Resize {
     pub cols: u16,
 }
 
+/// Payload of `StdinCredit`: the host may send this many more bytes of
+/// `Stdin` data. The agent grants [`crate::STDIN_WINDOW`] when the command
+/// starts and gives back what the command has taken, so stdin never fills
+/// the stream and `Signal` or `Resize` behind it always gets through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StdinCredit {
+    pub bytes: u64,
+}
+
 /// Payload of `Exit`: how the command ended. Exactly one of `code` and
-/// `signal` is set; `status` is the shell's `$?` for it.
+/// `signal` is set; `status` is the shell's `$?` for it. `oom_kill`: the
+/// guest kernel's OOM killer killed a process (the command or another)
+/// while the command ran, as the kernel's log says; left out when false.
+/// It only informs the user: a guest can claim it falsely.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Exit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub status: u8,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_kill: bool,
 }
 
 impl Exit {
@@ -180,6 +205,7 @@ impl Exit {
             code: Some(code),
             signal: None,
             status: (code & 0xff) as u8,
+            oom_kill: false,
         }
     }
 
@@ -190,6 +216,7 @@ impl Exit {
             code: None,
             signal: Some(signal),
             status,
+            oom_kill: false,
         }
     }
 }
@@ -227,6 +254,8 @@ pub enum Message {
     Exit(Exit),
     /// Guest -> host: something went wrong (see `ErrorReport`).
     Error(ErrorReport),
+    /// Guest -> host: room for more stdin (see `StdinCredit`).
+    StdinCredit(StdinCredit),
 }
 
 impl Message {
@@ -243,6 +272,7 @@ impl Message {
             Message::Stderr(_) => Kind::Stderr,
             Message::Exit(_) => Kind::Exit,
             Message::Error(_) => Kind::Error,
+            Message::StdinCredit(_) => Kind::StdinCredit,
         }
     }
 
@@ -261,6 +291,7 @@ impl Message {
             Message::Resize(p) => json(serde_json::to_vec(p)),
             Message::Exit(p) => json(serde_json::to_vec(p)),
             Message::Error(p) => json(serde_json::to_vec(p)),
+            Message::StdinCredit(p) => json(serde_json::to_vec(p)),
             Message::Stdin(data) | Message::Stdout(data) | Message::Stderr(data) => {
                 check_data(kind, data.len())?;
                 Ok(Cow::Borrowed(data))
@@ -280,6 +311,9 @@ impl Message {
             Kind::Resize => Message::Resize(serde_json::from_slice(payload).map_err(json)?),
             Kind::Exit => Message::Exit(serde_json::from_slice(payload).map_err(json)?),
             Kind::Error => Message::Error(serde_json::from_slice(payload).map_err(json)?),
+            Kind::StdinCredit => {
+                Message::StdinCredit(serde_json::from_slice(payload).map_err(json)?)
+            }
             Kind::Stdin | Kind::Stdout | Kind::Stderr => {
                 check_data(kind, payload.len())?;
                 let data = payload.to_vec();
@@ -316,11 +350,11 @@ mod tests {
     #[test]
     fn kind_bytes_are_the_documented_ones() {
         let bytes: Vec<u8> = Kind::ALL.iter().map(|k| k.byte()).collect();
-        assert_eq!(bytes, [1, 2, 3, 4, 5, 6, 7, 17, 18, 19, 20]);
+        assert_eq!(bytes, [1, 2, 3, 4, 5, 6, 7, 17, 18, 19, 20, 21]);
         for kind in Kind::ALL {
             assert_eq!(Kind::from_byte(kind.byte()), Some(kind));
         }
-        for byte in [0, 8, 16, 21, 255] {
+        for byte in [0, 8, 16, 22, 255] {
             assert_eq!(Kind::from_byte(byte), None);
         }
     }
@@ -328,7 +362,11 @@ mod tests {
     #[test]
     fn json_payloads_are_the_documented_ones() {
         let text = |m: Message| String::from_utf8(m.payload().unwrap().into_owned()).unwrap();
-        assert_eq!(text(Message::Hello(Hello::current())), r#"{"version":1}"#);
+        assert_eq!(text(Message::Hello(Hello::current())), r#"{"version":2}"#);
+        assert_eq!(
+            text(Message::StdinCredit(StdinCredit { bytes: 262144 })),
+            r#"{"bytes":262144}"#
+        );
         assert_eq!(
             text(Message::Signal(Signal { signal: 15 })),
             r#"{"signal":15}"#
@@ -340,6 +378,22 @@ mod tests {
         assert_eq!(
             text(Message::Exit(Exit::signaled(9))),
             r#"{"code":null,"signal":9,"status":137}"#
+        );
+        let oom = Exit {
+            oom_kill: true,
+            ..Exit::signaled(9)
+        };
+        assert_eq!(
+            text(Message::Exit(oom.clone())),
+            r#"{"code":null,"signal":9,"status":137,"oom_kill":true}"#
+        );
+        assert_eq!(
+            Message::decode(
+                Kind::Exit.byte(),
+                br#"{"code":null,"signal":9,"status":137,"oom_kill":true}"#
+            )
+            .unwrap(),
+            Message::Exit(oom)
         );
         assert_eq!(
             text(Message::Error(ErrorReport {
@@ -440,6 +494,19 @@ mod tests {
     fn unknown_json_fields_are_ignored() {
         // A newer peer may add fields within a version; they must not break us.
         let msg = Message::decode(Kind::Hello.byte(), br#"{"version":1,"x":true}"#).unwrap();
-        assert_eq!(msg, Message::Hello(Hello { version: 1 }));
+        assert_eq!(
+            msg,
+            Message::Hello(Hello {
+                version: 1,
+                init_started_ns: None
+            })
+        );
+        let guest = Message::Hello(Hello {
+            init_started_ns: Some(812_000_000),
+            ..Hello::current()
+        });
+        let text = guest.payload().unwrap().into_owned();
+        assert_eq!(text, br#"{"version":2,"init_started_ns":812000000}"#);
+        assert_eq!(Message::decode(Kind::Hello.byte(), &text).unwrap(), guest);
     }
 }

@@ -68,7 +68,7 @@ fn frame_layout() {
     let bytes = Message::StdinEof.to_frame().unwrap();
     assert_eq!(bytes, [1, 0, 0, 0, 4]);
     let hello = Message::Hello(Hello::current()).to_frame().unwrap();
-    assert_eq!(hello, frame(1, br#"{"version":1}"#));
+    assert_eq!(hello, frame(1, br#"{"version":2}"#));
 }
 
 #[test]

@@ -24,6 +24,14 @@
  *                                ancestor of ours; freeze that process
  *                                (ptrace), and write MODE's bytes to the
  *                                host on it
+ *   attacker memory DIR          every way a guest root could reach guest
+ *                                memory (and so the virtio rings) behind its
+ *                                kernel's back: /dev/mem and /dev/kmem (the
+ *                                nodes, and ones made with mknod in DIR),
+ *                                /dev/port, /proc/kcore, a kernel module,
+ *                                kexec; one "NAME: opened|refused (why)"
+ *                                line each, then, as the control, a node
+ *                                made the same way for /dev/zero, read
  *
  * Each prints one line saying what happened, so that a test can tell "the
  * attack was refused" from "the attack never ran".
@@ -41,8 +49,11 @@
 #include <sys/io.h>
 #include <sys/ptrace.h>
 #include <sys/reboot.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,7 +67,8 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: attacker id | inet ADDR PORT | listen PORT | "
-                    "vsock CID PORT | eat | reboot | port VALUE [enable] | hijack MODE\n");
+                    "vsock CID PORT | eat | reboot | port VALUE [enable] | hijack MODE | "
+                    "memory DIR\n");
     return 2;
 }
 
@@ -374,6 +386,80 @@ static int cmd_port(const char *value, int enable)
     return 0;
 }
 
+/* Opens PATH read-write (read-only for /proc/kcore); one line either way.
+ * Returns 1 if it opened. */
+static int try_open(const char *name, const char *path, int flags)
+{
+    int fd = open(path, flags | O_CLOEXEC);
+    if (fd < 0) {
+        printf("%s: refused (%s)\n", name, strerror(errno));
+        return 0;
+    }
+    close(fd);
+    printf("%s: opened\n", name);
+    return 1;
+}
+
+/* A character node for MAJOR:MINOR made in DIR, then opened. */
+static int try_node(const char *name, const char *dir, unsigned minor)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/attacker-%s", dir, name);
+    unlink(path);
+    if (mknod(path, S_IFCHR | 0600, makedev(1, minor)) != 0) {
+        printf("%s: refused (mknod: %s)\n", name, strerror(errno));
+        return 0;
+    }
+    int opened = try_open(name, path, O_RDWR);
+    unlink(path);
+    return opened;
+}
+
+/* A system call that should not exist in this kernel at all. */
+static int try_syscall(const char *name, long nr, long a, long b, long c, long d)
+{
+    if (syscall(nr, a, b, c, d) == 0) {
+        printf("%s: opened\n", name);
+        return 1;
+    }
+    printf("%s: refused (%s)\n", name, strerror(errno));
+    return 0;
+}
+
+static int cmd_memory(const char *dir)
+{
+    static char image[64];
+    int opened = 0;
+    opened += try_open("dev-mem", "/dev/mem", O_RDWR);
+    opened += try_open("dev-kmem", "/dev/kmem", O_RDWR);
+    opened += try_open("dev-port", "/dev/port", O_RDWR);
+    opened += try_node("node-mem", dir, 1);
+    opened += try_node("node-kmem", dir, 2);
+    opened += try_node("node-port", dir, 4);
+    opened += try_open("kcore", "/proc/kcore", O_RDONLY);
+    opened += try_syscall("init-module", SYS_init_module, (long)image, sizeof image, (long)"", 0);
+    opened += try_syscall("finit-module", SYS_finit_module, 0, (long)"", 0, 0);
+    opened += try_syscall("kexec-load", SYS_kexec_load, 0, 0, 0, 0);
+    opened += try_syscall("kexec-file-load", SYS_kexec_file_load, -1, -1, 0, (long)"");
+    printf("memory: %d opened\n", opened);
+
+    /* The control: the same mknod and open for /dev/zero (1:5) work. */
+    char path[512], byte = 1;
+    snprintf(path, sizeof path, "%s/attacker-zero", dir);
+    unlink(path);
+    int fd = -1;
+    if (mknod(path, S_IFCHR | 0600, makedev(1, 5)) == 0)
+        fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd >= 0 && read(fd, &byte, 1) == 1 && byte == 0)
+        printf("control: zero read 0\n");
+    else
+        printf("control: failed (%s)\n", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    unlink(path);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -395,5 +481,7 @@ int main(int argc, char **argv)
         return cmd_reboot();
     if (argc == 3 && strcmp(argv[1], "hijack") == 0)
         return cmd_hijack(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "memory") == 0)
+        return cmd_memory(argv[2]);
     return usage();
 }

@@ -401,10 +401,11 @@ pub fn excerpt(text: &str, max: usize) -> String {
 /// What mvm itself said on stderr: its `mvm:` lines less the
 /// `--print-stats` figures and the console tail's heading, joined.
 pub fn mvm_says(run: &Run) -> String {
-    const SKIP: [&str; 9] = [
+    const SKIP: [&str; 10] = [
         "phase:",
         "sandbox peak rss:",
         "boot to init:",
+        "guest kernel to init:",
         "wall:",
         "cpu:",
         "peak rss:",

@@ -1,8 +1,9 @@
-//! Checks 1, 2, 7 and 8: the host's files. Secrets planted outside the
-//! workspace stay unreadable, host files outside it and a read-only
-//! workspace stay unchanged; the same scripts with `--write` or an unsafe
-//! `--mount` do reach the host, which is what makes the first two mean
-//! something.
+//! Checks 1, 2, 2b, 7, 7b and 8: the host's files. Secrets planted
+//! outside the workspace stay unreadable, host files outside it and a
+//! read-only workspace stay unchanged, and in a writable workspace the
+//! files the host runs later stay unchanged; the same scripts with
+//! `--write`, `--write-hooks` or an unsafe `--mount` do reach the host,
+//! which is what makes the first three mean something.
 
 use mvm_e2e::{caller_uid, Options};
 
@@ -70,6 +71,100 @@ w 'echo pwned > escape'
 w 'echo pwned > /run/home/.mvm-battery-profile'
 echo guest-tmp-ok > /tmp/control && echo "control: $(cat /tmp/control)"
 "#;
+
+/// A workspace that is a git repository as the host left it (the test
+/// host has no git: its layout by hand), with an editor's task file, a
+/// subdirectory, and one ordinary file.
+const PLANT_HOOKS: &str = r#"
+rm -rf /run/tmp/ws && mkdir -p /run/tmp/ws/.git/hooks /run/tmp/ws/.git/objects /run/tmp/ws/.vscode /run/tmp/ws/sub &&
+cd /run/tmp/ws &&
+printf '[core]\n\tbare = false\n' >.git/config &&
+echo 'ref: refs/heads/main' >.git/HEAD &&
+echo sample >.git/hooks/pre-commit.sample &&
+echo '{"tasks": []}' >.vscode/tasks.json &&
+echo original >f
+"#;
+
+/// The files the host runs later as the host sees them after the run,
+/// then the ordinary writes (the controls).
+const HOOKS_VIEW: &str = r#"
+cd /run/tmp/ws
+state() { if [ -L "$1" ] || [ -e "$1" ]; then echo "present $(cat "$1" 2>/dev/null | tr '\n' ' ')"; else echo absent; fi; }
+echo "envrc: $(state .envrc)"
+echo "sub-envrc: $(state sub/.envrc)"
+echo "bashrc: $(state .bashrc)"
+echo "hook: $(state .git/hooks/pre-commit)"
+echo "hooks: $(ls -A .git/hooks | tr '\n' ' ')"
+echo "config: $(cat .git/config | tr '\n\t' '  ')"
+echo "moved-config: $(cat .git-old/config 2>/dev/null | tr '\n\t' '  ')"
+echo "git: $(ls -A | tr '\n' ' ')"
+echo "tasks: $(cat .vscode/tasks.json)"
+echo "sub: $(ls -A sub | tr '\n' ' ')"
+echo "f: $(cat f)"
+echo "object: $(cat .git/objects/ab/cd 2>/dev/null)"
+"#;
+
+/// Plants what the host would run later, each way a command could: a
+/// new file, an edit, a rename over it, moving the git directory aside
+/// for a new one, a symbolic link, at the top and further down. Each is
+/// reported WROTE or refused with its error; then what a command
+/// legitimately writes (a workspace file, git's object store).
+const WRITE_HOOKS: &str = r##"
+w() {
+    if sh -c "$1" 2>/tmp/err; then printf 'WROTE: %s\n' "$1"; else printf 'refused: %s: %s\n' "$1" "$(cat /tmp/err)"; fi
+}
+cd /workspace
+w 'echo pwned > .envrc'
+w 'echo pwned > sub/.envrc'
+w 'ln -s /tmp/pwned .bashrc'
+w 'printf "#!/bin/sh\necho pwned\n" > .git/hooks/pre-commit'
+w 'printf "\tfsmonitor = pwned\n" >> .git/config'
+w 'printf "[core]\n\tfsmonitor = pwned\n" > .git/config.new && mv .git/config.new .git/config'
+w 'mv .git/hooks .git/hooks-old'
+w 'mv .git .git-old && mkdir -p .git/hooks && echo pwned > .git/hooks/pre-commit'
+w 'echo pwned > .vscode/tasks.json'
+w 'mkdir -p sub/.git/hooks'
+echo pwned > f && echo "control: f $(cat f)"
+mkdir -p .git/objects/ab && echo blob > .git/objects/ab/cd && echo "control: object $(cat .git/objects/ab/cd)"
+"##;
+
+/// WRITE_HOOKS with --write (and `flags`) in a PLANT_HOOKS workspace, by
+/// `call` (the battery's attack or control).
+fn hooks_run(call: fn(&Options, &[&str]) -> mvm_e2e::Run, flags: &[&str]) -> mvm_e2e::Run {
+    let mut args = vec!["--workspace", "/run/tmp/ws", "--write"];
+    args.extend_from_slice(flags);
+    args.extend(["--", "sh", "-c", WRITE_HOOKS]);
+    let options = Options {
+        setup: Some(PLANT_HOOKS),
+        after: Some(HOOKS_VIEW),
+        ..Options::default()
+    };
+    call(&options, &args)
+}
+
+/// The host's view (HOOKS_VIEW's lines) by key.
+fn hooks_view(run: &mvm_e2e::Run) -> impl Fn(&str) -> String + '_ {
+    let after = run.after_lines();
+    move |key: &str| {
+        after
+            .iter()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or("(missing)")
+            .trim()
+            .to_string()
+    }
+}
+
+/// How many of WRITE_HOOKS' attempts went through, and how many were
+/// refused with "Read-only file system".
+fn hook_writes(run: &mvm_e2e::Run) -> (usize, usize) {
+    let lines = || run.stdout.lines();
+    let wrote = lines().filter(|l| l.starts_with("WROTE: ")).count();
+    let refused = lines()
+        .filter(|l| l.starts_with("refused: ") && l.contains("Read-only file system"))
+        .count();
+    (wrote, refused)
+}
 
 fn planted(after: &'static str) -> Options<'static> {
     Options {
@@ -232,6 +327,89 @@ fn check_7_a_legitimate_write_with_write_lands_owned_by_the_caller() {
         outside == "host-original",
         "a write through the symlink reached the host file outside",
     );
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_2b_files_the_host_runs_later_stay_read_only_with_write() {
+    let mut check = Check::new(
+        "2b",
+        "with --write, plant what the host runs later in a workspace that is a git repository: a new .envrc (top and in a subdirectory), a .bashrc symlink, a pre-commit hook, core.fsmonitor in .git/config (appended, and renamed over it), .git/hooks and .git itself moved aside for new ones, .vscode/tasks.json, a nested .git (issue 16 point 5)",
+        "all ten refused with EROFS, visible to the command; on the host none of those files is new or changed and .git is where it was; the command's ordinary writes (a workspace file, an object in .git/objects) land",
+    )
+    .evidence(Source::Host, "the hooks, config, rc files and task file read back on the host (after script)")
+    .evidence(Source::Guest, "the EROFS errors the command reports")
+    .control(Source::Host, "the same run's ordinary writes reach the host (same call); check 7b: with --write-hooks the same script does plant them");
+    let run = check.run(|| hooks_run(attack, &[]));
+    let mut v = Verdict::new();
+    let host = hooks_view(&run);
+    let (wrote, refused) = hook_writes(&run);
+    v.saw(format!("exit {}", code(&run)));
+    v.saw(format!(
+        "{refused} of 10 refused with 'Read-only file system', {wrote} went through"
+    ));
+    v.require(
+        refused == 10 && wrote == 0,
+        format!("not all refused: {}", excerpt(&run.stdout, 400)),
+    );
+    for (key, want) in [
+        ("envrc: ", "absent"),
+        ("sub-envrc: ", "absent"),
+        ("bashrc: ", "absent"),
+        ("hook: ", "absent"),
+        ("hooks: ", "pre-commit.sample"),
+        ("config: ", "[core]  bare = false"),
+        ("git: ", ".git .vscode f sub"),
+        ("tasks: ", r#"{"tasks": []}"#),
+        ("sub: ", ""),
+    ] {
+        let got = host(key);
+        v.saw(format!("host {}{got}", key.trim_end_matches(' ')));
+        v.require(got == want, format!("host {key}'{got}', not '{want}'"));
+    }
+    // The controls: the share is writable, and git's own data too.
+    let (f, object) = (host("f: "), host("object: "));
+    v.saw(format!("control: host f '{f}', object '{object}'"));
+    v.require(
+        f == "pwned" && object == "blob",
+        "the ordinary writes did not land",
+    );
+    check.finish(v);
+}
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_7b_with_write_hooks_the_same_script_plants_them() {
+    let mut check = Check::new(
+        "7b",
+        "positive control for 2b: the same script with --write --write-hooks",
+        "the writes go through and the host sees the new .envrc, the hook and the changed config",
+    )
+    .evidence(
+        Source::Host,
+        "the same files read back on the host (after script)",
+    )
+    .control(Source::Host, "itself the positive control of check 2b");
+    let run = check.run(|| hooks_run(control, &["--write-hooks"]));
+    let mut v = Verdict::new();
+    let host = hooks_view(&run);
+    let (wrote, refused) = hook_writes(&run);
+    v.saw(format!("exit {}", code(&run)));
+    v.saw(format!("{wrote} went through, {refused} refused"));
+    v.require(
+        wrote == 10,
+        format!("not all went through: {}", excerpt(&run.stdout, 400)),
+    );
+    // .git was moved aside last but one: the changed config went with it.
+    for key in ["envrc: ", "sub-envrc: ", "hook: ", "moved-config: "] {
+        let got = host(key);
+        v.saw(format!("host {}{got}", key.trim_end_matches(' ')));
+        v.require(
+            got.contains("pwned"),
+            format!("host {key}'{got}': the write did not land"),
+        );
+    }
     check.finish(v);
 }
 

@@ -1,8 +1,9 @@
 //! Check 9: a separate kernel. The guest's kernel is another instance
 //! than the host's (boot id, version string, modules), and crashing or
 //! rebooting it ends only that VM, with exit code 121, while the host
-//! keeps its boot and can run the next VM at once; and the command cannot
-//! speak for guest-init on the VMM's status port (9d).
+//! keeps its boot and can run the next VM at once; the command cannot
+//! speak for guest-init on the VMM's status port (9d); and even the
+//! guest's root has no way to the virtio rings behind its kernel (9e).
 
 use mvm_e2e::{Options, Run};
 
@@ -325,6 +326,79 @@ fn check_9d_the_command_cannot_forge_its_exit_status_on_the_status_port() {
     v.require(
         root.stdout.contains("port: wrote"),
         "the control: with --root the write did not get through",
+    );
+    check.finish(v);
+}
+
+/// The ways `attacker memory` tries, each a line of its own.
+const MEMORY_ROUTES: [&str; 11] = [
+    "dev-mem",
+    "dev-kmem",
+    "dev-port",
+    "node-mem",
+    "node-kmem",
+    "node-port",
+    "kcore",
+    "init-module",
+    "finit-module",
+    "kexec-load",
+    "kexec-file-load",
+];
+
+#[test]
+#[ignore = "containment battery: run by `make battery`"]
+fn check_9e_guest_root_cannot_reach_the_virtio_rings_behind_its_kernel() {
+    let mut check = Check::new(
+        "9e",
+        "as guest root (--root, every capability), reach guest memory and so the virtio rings behind the guest kernel, as issue 16 point 1's attack needs: /dev/mem, /dev/kmem and /dev/port (the nodes, and nodes made with mknod), /proc/kcore, a kernel module (init_module, finit_module), kexec (kexec_load, kexec_file_load)",
+        "all eleven refused: the nodes absent, the made nodes ENXIO (no driver), kcore absent, the four system calls ENOSYS (the kernel has none of them); what a guest kernel could do with the rings is the hostile-driver test's (vmm/tests/hostile_driver.rs)",
+    )
+    .evidence(Source::Guest, "the attacker's line for each route, with its errno")
+    .control(
+        Source::Guest,
+        "the same mknod and open for /dev/zero (1:5) work and read a zero (same call): the probe tells an open node, and the command is root",
+    );
+    let attacker = attacker();
+    let run = check.run(|| {
+        attack(
+            &Options::default(),
+            &[
+                "--root",
+                "--",
+                &format!("/workspace/{attacker}"),
+                "memory",
+                // Not /tmp: it is nodev, where no node opens at all.
+                "/dev",
+            ],
+        )
+    });
+    let mut v = Verdict::new();
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let said = |route: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(route).and_then(|r| r.strip_prefix(": ")))
+            .unwrap_or("(no line)")
+    };
+    v.saw(format!("exit {}", code(&run)));
+    for route in MEMORY_ROUTES {
+        let got = said(route);
+        v.saw(format!("{route}: {got}"));
+        let want = match route {
+            "dev-mem" | "dev-kmem" | "dev-port" | "kcore" => "No such file or directory",
+            "node-mem" | "node-kmem" | "node-port" => "No such device or address",
+            _ => "Function not implemented",
+        };
+        v.require(
+            got == format!("refused ({want})"),
+            format!("{route}: '{got}', not refused with '{want}'"),
+        );
+    }
+    let control = lines.contains(&"control: zero read 0");
+    v.saw(format!("control (/dev/zero made and read): {control}"));
+    v.require(
+        control,
+        "the control: a /dev/zero node could not be made and read",
     );
     check.finish(v);
 }

@@ -746,8 +746,8 @@ fn check_10f_sigterm_still_ends_a_run_whose_stdin_is_held_back() {
     const STDIN_MIB: u64 = 64;
     let mut check = Check::new(
         "10f",
-        "SIGTERM while the stdin relay is blocked: 64 MiB of stdin with -i to a command that never reads it (echo ready; sleep 1000), SIGTERM to mvm 3 s after ready (issue 16 point 2: the signal frame used to wait behind the blocked stdin write); the same command with stdin from /dev/null, signalled the same way, as the control",
-        "exit 143 within 20 s of the signal, as the control does; mvm had taken only part of its stdin when signalled (the relay was blocked); nothing left running",
+        "SIGTERM while the stdin relay is held back: 64 MiB of stdin with -i to a command that never reads it (a shell that traps TERM, says ready and waits on sleep 1000), SIGTERM to mvm 3 s after ready (issue 16 point 2: the signal frame used to wait behind the blocked stdin write, and the run ended only by the 5 s grace cut, the command never seeing the signal); the same command with stdin from /dev/null, signalled the same way, as the control",
+        "the command itself gets the SIGTERM (its trap prints got-TERM) and the run exits 143 within 20 s of the signal, as the control does; mvm had taken only part of its stdin when signalled (stdin was held back); nothing left running",
     )
     .evidence(Source::Host, "the runs' statuses, how far mvm had read its stdin file when signalled, and the time from the signal to its exit on the test host's clock (after script)")
     .control(Source::Host, "the same run with stdin from /dev/null ends on SIGTERM");
@@ -760,7 +760,7 @@ fn check_10f_sigterm_still_ends_a_run_whose_stdin_is_held_back() {
             "--",
             "sh",
             "-c",
-            "echo ready; sleep 1000",
+            "trap 'echo got-TERM; exit 143' TERM; echo ready; sleep 1000 & wait",
         ];
         let one = match name {
             "control" => nested_control(name, &args),
@@ -781,7 +781,7 @@ kill -TERM $pid
 wait $pid
 status=$?
 t1=$(cut -d' ' -f1 /proc/uptime)
-echo "{name}_status=$status pos=${{pos:-none}} seconds=$(echo "$t1 $t0" | awk '{{ printf "%.1f", $1 - $2 }}')"
+echo "{name}_status=$status pos=${{pos:-none}} seconds=$(echo "$t1 $t0" | awk '{{ printf "%.1f", $1 - $2 }}') trapped=$(grep -c got-TERM /run/tmp/{name}.out)"
 {remove}
 {show}
 "#,
@@ -808,25 +808,34 @@ echo "{name}_status=$status pos=${{pos:-none}} seconds=$(echo "$t1 $t0" | awk '{
     });
     let mut v = Verdict::new();
     let after = run.after_lines();
-    let fields = |key: &str| -> (String, Option<f64>, Option<f64>) {
+    let fields = |key: &str| -> (String, Option<f64>, Option<f64>, bool) {
         let line = value(&after, key).unwrap_or("?");
-        (first_word(line), word(line, "pos="), word(line, "seconds="))
+        (
+            first_word(line),
+            word(line, "pos="),
+            word(line, "seconds="),
+            word(line, "trapped=") == Some(1.0),
+        )
     };
-    let (c_status, _, c_secs) = fields("control_status");
-    let (h_status, h_pos, h_secs) = fields("held_status");
+    let (c_status, _, c_secs, c_trapped) = fields("control_status");
+    let (h_status, h_pos, h_secs, h_trapped) = fields("held_status");
     v.saw(format!(
-        "control: exit {c_status} {:.1} s after the signal",
+        "control: exit {c_status} {:.1} s after the signal; the command's trap ran: {c_trapped}",
         c_secs.unwrap_or(-1.0)
     ));
     v.require(
-        c_status == "143" && c_secs.is_some_and(|s| s < 20.0),
-        "SIGTERM did not end the run with nothing on stdin (control)",
+        c_status == "143" && c_secs.is_some_and(|s| s < 20.0) && c_trapped,
+        "SIGTERM did not reach the command with nothing on stdin (control)",
     );
     v.saw(format!(
-        "held stdin: exit {h_status} {:.1} s after the signal; mvm had read {:.1} MiB of the {STDIN_MIB} MiB",
+        "held stdin: exit {h_status} {:.1} s after the signal; the command's trap ran: {h_trapped}; mvm had read {:.1} MiB of the {STDIN_MIB} MiB",
         h_secs.unwrap_or(-1.0),
         h_pos.unwrap_or(-1.0) / 1048576.0
     ));
+    v.require(
+        h_trapped,
+        "the command never saw the SIGTERM: its frame waited behind the held-back stdin",
+    );
     v.require(
         h_pos.is_some_and(|p| p < (STDIN_MIB << 20) as f64),
         "mvm read all its stdin (or no figure): the relay was not blocked, so the attack did not happen",

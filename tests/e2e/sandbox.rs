@@ -45,6 +45,11 @@ say "statuses: $ok of 18"
 say "last: $($MVM exec e2e -- cat /usr/local/bin/e2e-mark) $?"
 
 $MVM exec e2e -- cat /workspace/f | sed 's/^/workspace: /'
+# The host's edit shows in the next command: a sandbox's shares keep
+# virtiofsd's 1 s cache (mvm run's read-only ones cache for the run).
+echo 'edited on the host' >/run/tmp/ws/f; sleep 2
+say "host edit: $($MVM exec e2e -- cat /workspace/f)"
+echo hello >/run/tmp/ws/f; sleep 2
 $MVM exec e2e -- sh -c 'echo x >/workspace/g' 2>/dev/null && w=written || w=refused
 say "workspace write: $w $(ls /run/tmp/ws | wc -l)"
 say "stdin: $(echo piped | $MVM exec -i e2e -- cat)"
@@ -169,6 +174,7 @@ fn a_sandbox_serves_many_commands_and_leaves_nothing_when_removed() {
         "statuses: 18 of 18",
         "last: installed 0",
         "workspace: hello",
+        "host edit: edited on the host",
         "workspace write: refused 1",
         "stdin: piped",
         "env: yes /tmp",

@@ -40,7 +40,11 @@ s.sendall(b"CONNECT sink.test:9000 HTTP/1.1\r\n\r\n")
 print(s.recv(100).split(b"\r\n")[0].decode(), end="; ")
 s.sendall(b"token " + os.environ["TOKEN"].encode())
 s.shutdown(socket.SHUT_WR)
-print("sink answered:", repr(s.recv(100)))
+try:
+    answer = repr(s.recv(100))
+except OSError as e:
+    answer = "reset (" + type(e).__name__ + ")"
+print("sink answered:", answer)
 "#;
 
 /// Node's own fetch(). Debian's Node 18 does not read the proxy variables
@@ -172,7 +176,11 @@ fn the_real_value_reaches_the_bound_server_and_nowhere_in_the_guest() {
     }
     let tunnel = field(out, "tunnel");
     assert!(
-        tunnel.starts_with("HTTP/1.1 200") && tunnel.ends_with("sink answered: b''"),
+        // Cut: end of stream, or a reset (a connection closed with bytes
+        // unread is reset); never the sink's count.
+        tunnel.starts_with("HTTP/1.1 200")
+            && (tunnel.ends_with("sink answered: b''")
+                || tunnel.contains("sink answered: reset (")),
         "the sink never answered a count: {out}"
     );
 

@@ -104,6 +104,31 @@ fn write_creates_files_owned_by_the_caller_with_their_modes() {
     assert!(lines.contains(&"x"), "{lines:?}");
 }
 
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn what_the_command_wrote_is_on_the_host_when_the_run_ends() {
+    // mvm stops the machine as soon as the command's exit status arrives
+    // (docs/protocol.md, "The end of a run"), without the guest's reboot:
+    // a plain write and pages dirtied through a shared mapping (left to
+    // the process's exit to unmap) must be on the host by then.
+    const WRITER: &str = "import mmap, os\n\
+open('written', 'w').write('through-write')\n\
+f = open('mapped', 'w+b'); f.truncate(8192)\n\
+m = mmap.mmap(f.fileno(), 8192); m[0:12] = b'through-mmap'; m[4096:4101] = b'page2'\n\
+os._exit(0)\n";
+    let run = run_in_workspace(
+        FRESH,
+        "cd /run/tmp/ws && cat written; echo; head -c 12 mapped; echo; tail -c +4097 mapped | head -c 5; echo",
+        false,
+        &["--write", "--", "python3", "-c", WRITER],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        run.after_lines(),
+        ["through-write", "through-mmap", "page2"]
+    );
+}
+
 /// A marker in the host's /etc/shadow, where we may write it: a root
 /// caller in the test host, whose root is a throwaway tmpfs. The setup
 /// prints what the file then holds, so that a test knows it was planted.
@@ -362,7 +387,11 @@ fn swapping_a_directory_for_a_symlink_during_lookups_never_escapes() {
         &setup,
         FLIPS,
         false,
-        &["--", "sh", "-c", READER],
+        // Writable, so the guest caches lookups for 1 s (virtiofsd's
+        // auto) and keeps looking the path up while the host flips it: a
+        // read-only share of `mvm run` is cached for the run, and the
+        // guest would never ask again.
+        &["--write", "--", "sh", "-c", READER],
     );
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(!run.stdout.contains("OUTSIDE"), "{}", run.stdout);
@@ -398,6 +427,8 @@ fn the_symlink_race_would_show_a_reachable_outside() {
         FLIPS,
         false,
         &[
+            // Writable, as above: the guest must keep looking it up.
+            "--write",
             "--mount",
             "/run/tmp/outside:/outside",
             "--",
@@ -433,11 +464,19 @@ fn extra_mounts_are_read_only_unless_rw() {
             "--",
             "sh",
             "-c",
-            "cat /mnt/a/a; echo no > /mnt/a/x 2>/dev/null || echo a is ro; echo B > /mnt/b/b",
+            "cat /mnt/a/a; echo no > /mnt/a/x 2>/dev/null || echo a is ro; echo B > /mnt/b/b; \
+             for m in /workspace /mnt/a /mnt/b; do \
+             dev=$(awk -v m=$m '$5 == m {print $3}' /proc/self/mountinfo); \
+             echo \"$m readahead $(cat /sys/class/bdi/$dev/read_ahead_kb)\"; done",
         ],
     );
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert_eq!(run.stdout, "A\na is ro\n");
+    // Each share reads ahead one FUSE request's most (guest-init's
+    // SHARE_READAHEAD_KB), not the kernel's 128 KiB.
+    assert_eq!(
+        run.stdout,
+        "A\na is ro\n/workspace readahead 1024\n/mnt/a readahead 1024\n/mnt/b readahead 1024\n"
+    );
     assert_eq!(run.after_lines(), ["B"]);
 }
 

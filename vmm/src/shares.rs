@@ -65,11 +65,17 @@ pub struct Share {
     pub dir: Arc<OwnedFd>,
     pub guest: String,
     pub read_only: bool,
+    /// A writable share whose files the host runs later stay read-only
+    /// (virtiofsd/src/guard.rs); false when read-only or `--write-hooks`.
+    pub guard: bool,
 }
 
 impl PartialEq for Share {
     fn eq(&self, other: &Self) -> bool {
-        self.host == other.host && self.guest == other.guest && self.read_only == other.read_only
+        self.host == other.host
+            && self.guest == other.guest
+            && self.read_only == other.read_only
+            && self.guard == other.guard
     }
 }
 
@@ -84,6 +90,9 @@ pub struct Wanted<'a> {
     /// `--allow-home-share`: share `/`, the home directory or a directory
     /// above it all the same.
     pub allow_home: bool,
+    /// `--write-hooks`: writable shares may change the files the host
+    /// runs later too.
+    pub write_hooks: bool,
 }
 
 /// Why sharing `dir` would expose more than a project: it is `/`, the home
@@ -125,6 +134,7 @@ pub fn plan(wanted: &Wanted) -> Result<Vec<Share>, Error> {
             dir,
             guest: WORKSPACE_GUEST_PATH.into(),
             read_only: !wanted.write,
+            guard: wanted.write && !wanted.write_hooks,
         });
     }
     for spec in wanted.mounts {
@@ -139,6 +149,7 @@ pub fn plan(wanted: &Wanted) -> Result<Vec<Share>, Error> {
             dir,
             guest,
             read_only,
+            guard: !read_only && !wanted.write_hooks,
         });
     }
     Ok(shares)
@@ -370,6 +381,7 @@ mod tests {
                 mounts,
                 home: None,
                 allow_home: false,
+                write_hooks: false,
             })
         };
         let shares = plan_of(&mounts[..1]).unwrap();
@@ -437,6 +449,32 @@ mod tests {
     }
 
     #[test]
+    fn writable_shares_are_guarded_unless_write_hooks() {
+        let tmp = std::env::temp_dir().join(format!("mvm-guard-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let mounts = [
+            format!("{}:/rw:rw", tmp.display()),
+            format!("{}:/ro", tmp.display()),
+        ];
+        let guards = |write: bool, write_hooks: bool| {
+            let shares = plan(&Wanted {
+                workspace: Some(&tmp),
+                write,
+                mounts: &mounts,
+                home: None,
+                allow_home: false,
+                write_hooks,
+            })
+            .unwrap();
+            shares.iter().map(|s| s.guard).collect::<Vec<_>>()
+        };
+        assert_eq!(guards(true, false), [true, true, false]);
+        assert_eq!(guards(false, false), [false, true, false]);
+        assert_eq!(guards(true, true), [false, false, false]);
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
     fn root_home_and_what_lies_above_home_are_shared_only_when_asked() {
         let tmp = std::env::temp_dir()
             .join(format!("mvm-home-{}", std::process::id()))
@@ -452,6 +490,7 @@ mod tests {
                 mounts,
                 home: Some(&home),
                 allow_home,
+                write_hooks: false,
             })
         };
         for (dir, what) in [

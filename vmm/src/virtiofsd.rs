@@ -57,6 +57,14 @@ pub struct Request<'a> {
     /// so the directory is never looked up by name again.
     pub shared_dir: &'a OwnedFd,
     pub read_only: bool,
+    /// Keep the files the host runs later read-only in this writable
+    /// share: mvm's virtiofsd's `--guard` (virtiofsd/src/guard.rs).
+    pub guard: bool,
+    /// Let the guest cache this share's entries, attributes and pages
+    /// for as long as it runs (`--cache=always`) instead of a second
+    /// (`auto`): only for a read-only share whose guest will not be
+    /// asked to see the host's later edits (docs/architecture.md).
+    pub cache_always: bool,
     /// Created here; must not exist yet.
     pub socket: &'a Path,
     /// virtiofsd's stderr, capped (helper_log.rs).
@@ -113,6 +121,11 @@ pub fn arguments(req: &Request) -> Vec<String> {
     }
     if req.read_only {
         args.push("--readonly".into());
+    } else if req.guard {
+        args.push("--guard".into());
+    }
+    if req.cache_always {
+        args.push("--cache=always".into());
     }
     args
 }
@@ -201,17 +214,28 @@ impl Virtiofsd {
         if let Some(pump) = &mut self.pump {
             pump.drain();
         }
-        let last = File::open(&self.log).ok().and_then(|f| {
-            BufReader::new(f)
-                .lines()
-                .map_while(Result::ok)
-                .filter(|l| !l.trim().is_empty())
-                .last()
-        });
-        Some(match last {
-            Some(line) => format!("virtiofsd exited ({status}): {}", line.trim()),
-            None => format!("virtiofsd exited ({status})"),
-        })
+        let lines: Vec<String> = File::open(&self.log)
+            .map(|f| BufReader::new(f).lines().map_while(Result::ok).collect())
+            .unwrap_or_default();
+        Some(exit_message(&status.to_string(), &lines))
+    }
+}
+
+/// How a virtiofsd that exited is reported: its last log line, or, for a
+/// virtiofsd that is not mvm's (a `--virtiofsd` of another build refuses
+/// `--guard`), what to do about it.
+fn exit_message(status: &str, log: &[String]) -> String {
+    if log
+        .iter()
+        .any(|l| l.contains("unexpected argument '--guard'"))
+    {
+        return format!(
+            "virtiofsd exited ({status}): it is not mvm's own virtiofsd, which a writable share needs to keep the files the host runs later read-only (--guard): use mvm's (run 'make'; ../libexec/mvm/virtiofsd next to mvm), or pass --write-hooks"
+        );
+    }
+    match log.iter().rev().find(|l| !l.trim().is_empty()) {
+        Some(line) => format!("virtiofsd exited ({status}): {}", line.trim()),
+        None => format!("virtiofsd exited ({status})"),
     }
 }
 
@@ -230,10 +254,20 @@ mod tests {
     }
 
     fn request(read_only: bool) -> Vec<String> {
+        guarded(read_only, false)
+    }
+
+    fn guarded(read_only: bool, guard: bool) -> Vec<String> {
+        cached(read_only, guard, false)
+    }
+
+    fn cached(read_only: bool, guard: bool, cache_always: bool) -> Vec<String> {
         arguments(&Request {
             binary: Path::new("virtiofsd"),
             shared_dir: &dir(),
             read_only,
+            guard,
+            cache_always,
             socket: Path::new("/run/fs.sock"),
             log: Path::new("/run/fs.log"),
             uid: 1000,
@@ -258,6 +292,52 @@ mod tests {
     }
 
     #[test]
+    fn another_virtiofsd_refusing_the_guard_is_named_with_the_fix() {
+        let stock: Vec<String> = [
+            "error: unexpected argument '--guard' found",
+            "",
+            "For more information, try '--help'.",
+        ]
+        .map(String::from)
+        .to_vec();
+        let said = exit_message("exit status: 2", &stock);
+        assert!(
+            said.contains("not mvm's own virtiofsd") && said.contains("--write-hooks"),
+            "{said}"
+        );
+        let other = [
+            "[ERROR] cannot enter the sandbox".to_string(),
+            String::new(),
+        ];
+        assert_eq!(
+            exit_message("exit status: 1", &other),
+            "virtiofsd exited (exit status: 1): [ERROR] cannot enter the sandbox"
+        );
+        assert_eq!(
+            exit_message("signal: 9", &[]),
+            "virtiofsd exited (signal: 9)"
+        );
+    }
+
+    #[test]
+    fn only_a_share_asked_to_cache_caches_for_its_whole_run() {
+        let always = "--cache=always".to_string();
+        assert!(cached(true, false, true).contains(&always));
+        assert!(!cached(true, false, false).contains(&always));
+        assert!(!request(false).iter().any(|a| a.starts_with("--cache")));
+    }
+
+    #[test]
+    fn a_guarded_share_asks_for_the_guard() {
+        let guard = "--guard".to_string();
+        assert!(guarded(false, true).contains(&guard));
+        assert!(!guarded(false, false).contains(&guard));
+        // A read-only share needs none: nothing in it changes.
+        let ro = guarded(true, true);
+        assert!(ro.contains(&"--readonly".to_string()) && !ro.contains(&guard));
+    }
+
+    #[test]
     fn guest_ids_are_squashed_to_the_caller() {
         let args = request(false);
         assert!(args.contains(&"--translate-uid=squash-guest:0:1000:4294967295".to_string()));
@@ -267,6 +347,8 @@ mod tests {
             binary: Path::new("virtiofsd"),
             shared_dir: &dir(),
             read_only: false,
+            guard: false,
+            cache_always: false,
             socket: Path::new("/run/fs.sock"),
             log: Path::new("/run/fs.log"),
             uid: 0,

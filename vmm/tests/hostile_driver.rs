@@ -8,7 +8,11 @@
 //! reaches its own end (reset), every vCPU thread is joined, nothing of
 //! the machine is left behind; and, as the positive control that the
 //! attacks reached the device, a plain request made before and after them
-//! is served (the block device's data shows on the console).
+//! is served (the block device's data shows on the console). The
+//! virtio-fs device's rings live in virtiofsd, so its test (ignored:
+//! it needs mvm's virtiofsd built, and `make e2e` runs it) breaks its
+//! request queue with EVENT_IDX on, after a FUSE_INIT that is served, and
+//! expects virtiofsd to end with one line and the VM to stop.
 //!
 //! The fuzz targets (fuzz/, docs/testing.md) drive the same devices with
 //! far more sequences, but in-process; this file is the same threat
@@ -156,8 +160,13 @@ impl Guest {
     /// The bring-up Linux does: reset, ACKNOWLEDGE, DRIVER, VERSION_1
     /// only, FEATURES_OK, `queues` queues at their places, DRIVER_OK.
     fn start(&mut self, slot: u64, queues: u64) {
+        self.start_with(slot, queues, 0);
+    }
+
+    /// The same with the feature bits `low` of word 0 acked too.
+    fn start_with(&mut self, slot: u64, queues: u64, low: u32) {
         self.reg(slot, STATUS, 0);
-        self.negotiate(slot);
+        self.negotiate_with(slot, low);
         for q in 0..queues {
             self.queue_at(slot, q, ring_base(q));
         }
@@ -166,7 +175,14 @@ impl Guest {
 
     /// ACKNOWLEDGE, DRIVER, VERSION_1 acked, FEATURES_OK.
     fn negotiate(&mut self, slot: u64) {
+        self.negotiate_with(slot, 0);
+    }
+
+    /// The same with the feature bits `low` of word 0 acked too.
+    fn negotiate_with(&mut self, slot: u64, low: u32) {
         self.reg(slot, STATUS, 1 | 2);
+        self.reg(slot, DRIVER_FEATURES_SEL, 0);
+        self.reg(slot, DRIVER_FEATURES, low);
         self.reg(slot, DRIVER_FEATURES_SEL, 1);
         self.reg(slot, DRIVER_FEATURES, 1);
         self.reg(slot, STATUS, 1 | 2 | 8);
@@ -545,4 +561,179 @@ fn the_balloon_frees_only_whole_pages_of_guest_memory_the_guest_reported() {
     }
     assert!(console.ends_with("done\n"), "{console:?}");
     assert!(!console.contains(" late\n"), "{console:?}");
+}
+
+/// The virtio-fs device's slot when it is the machine's only device.
+const FS: u64 = 0;
+const FS_REQUESTS: u64 = 1;
+/// virtio 1.2, 6.3: VIRTIO_F_RING_EVENT_IDX (feature word 0).
+const EVENT_IDX: u32 = 1 << 29;
+/// FUSE_INIT, and the protocol version the guest speaks (7.31).
+const FUSE_INIT: u32 = 26;
+
+impl Guest {
+    /// FUSE_INIT on the request queue at avail slot 0; waits for the
+    /// answer, then prints "init=" and the low byte of its error (0: the
+    /// backend served it).
+    fn fuse_init(&mut self) {
+        let (request, reply) = (BUFS, BUFS + 0x1000);
+        // fuse_in_header (40 bytes), then fuse_init_in's first 16.
+        self.write32(request, 56);
+        self.write32(request + 4, FUSE_INIT);
+        self.write64(request + 8, 1);
+        for at in (16..56).step_by(4) {
+            self.write32(request + at, 0);
+        }
+        self.write32(request + 40, 7);
+        self.write32(request + 44, 31);
+        self.write32(reply + 4, 0xff);
+        self.desc(FS_REQUESTS, 0, request, 56, DESC_F_NEXT, 1);
+        self.desc(FS_REQUESTS, 1, reply, 256, DESC_F_WRITE, 0);
+        self.avail(FS_REQUESTS, 0, 0);
+        self.reg(FS, QUEUE_NOTIFY, FS_REQUESTS as u32);
+        self.wait_for_u16(ring_base(FS_REQUESTS) + 0x2000 + 2, 1, b"late\n");
+        self.show(b"init=", reply + 4);
+    }
+}
+
+/// mvm's virtiofsd: $MVM_VIRTIOFSD as for mvm, else as `make` builds it.
+fn built_virtiofsd() -> std::path::PathBuf {
+    let path = std::env::var_os("MVM_VIRTIOFSD")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../build/libexec/mvm/virtiofsd")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: run 'make' first (make e2e does)",
+        path.display()
+    );
+    path
+}
+
+/// Issue 16 point 1: a guest kernel that pushes the request queue's avail
+/// index a whole ring past what virtiofsd took, with EVENT_IDX, used to
+/// keep virtiofsd retrying for ever (one host core, a log line a try).
+/// mvm's virtiofsd ends on it with one line, so the VM stops. Needs mvm's
+/// virtiofsd built (`make`): run by `make e2e`.
+#[test]
+#[ignore = "needs build/libexec/mvm/virtiofsd: run by `make e2e`"]
+fn a_broken_virtio_fs_queue_stops_the_vm_and_virtiofsd_with_one_line() {
+    use std::os::fd::OwnedFd;
+
+    use mvm::config::FsShare;
+    use mvm::virtiofsd::{self, Request};
+
+    if kvm_or_skip("hostile_driver").is_none() {
+        return;
+    }
+    let mut g = Guest::new();
+    // As Linux's virtio-fs driver brings the device up: EVENT_IDX too.
+    g.start_with(FS, 2, EVENT_IDX);
+    // The control: the backend answers FUSE_INIT.
+    g.fuse_init();
+    // The attack: the avail index 4096 ahead, and a kick. (The VM may
+    // stop as soon as the index is written: virtiofsd may still be in
+    // FUSE_INIT's round and look again.)
+    g.print(b"attack\n");
+    g.write16(ring_base(FS_REQUESTS) + 0x1000 + 2, 0x1000);
+    g.reg(FS, QUEUE_NOTIFY, FS_REQUESTS as u32);
+    // Parked: only the host can end this machine now.
+    g.code.extend(asm::PARK);
+
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("mvm-hostile-fs-")).unwrap();
+    let shared = dir.as_path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let (socket, log) = (
+        dir.as_path().join("fs0.sock"),
+        dir.as_path().join("fs0.log"),
+    );
+    let kernel = dir.as_path().join("guest");
+    std::fs::write(&kernel, elf_image(&g.code)).unwrap();
+    let shared_fd: OwnedFd = std::fs::File::open(&shared).unwrap().into();
+    // SAFETY: getuid and getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let binary = built_virtiofsd();
+    let mut backend = virtiofsd::spawn(&Request {
+        binary: &binary,
+        shared_dir: &shared_fd,
+        read_only: true,
+        guard: false,
+        cache_always: false,
+        socket: &socket,
+        log: &log,
+        uid,
+        gid,
+        guest_uid: uid,
+        guest_gid: gid,
+    })
+    .unwrap();
+    let cfg = VmConfig {
+        kernel,
+        initrd: None,
+        cmdline: "console=ttyS0".into(),
+        vcpus: 1,
+        mem_size: 64 << 20,
+        vsock: None,
+        shares: vec![FsShare {
+            tag: "mvm0".into(),
+            socket: socket.clone(),
+            guest_path: "/workspace".into(),
+            read_only: true,
+        }],
+        root_disk: None,
+        sandbox_disk: None,
+        free_page_reporting: false,
+    };
+    let out = Captured::default();
+    let mut machine = boot::boot(&cfg, ConsoleOutput::new(Box::new(out.clone()))).unwrap();
+    if let Some(pump) = backend.take_log_pump() {
+        machine.add_subscriber(Box::new(pump));
+    }
+    machine.start().unwrap();
+    let started = Instant::now();
+    let ended = machine
+        .wait(Some(started + Duration::from_secs(60)))
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(ended.vcpus_left_behind, 0, "every vCPU thread was joined");
+    drop(machine);
+    // virtiofsd's outer process follows its sandboxed child, which closed
+    // the socket, within moments.
+    let gone = Instant::now() + Duration::from_secs(5);
+    let report = loop {
+        match backend.exit_report() {
+            None if Instant::now() < gone => std::thread::sleep(Duration::from_millis(20)),
+            report => break report,
+        }
+    };
+    drop(backend);
+    let console = out.text();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        console.contains("init=\u{0}\n"),
+        "the control: FUSE_INIT was not served: {console:?}"
+    );
+    assert!(console.contains("attack\n"), "{console:?}");
+    match &ended.outcome {
+        Outcome::Failed(why) => assert!(why.contains("virtiofsd) closed its connection"), "{why}"),
+        other => panic!(
+            "the VM did not stop on the broken queue: {other:?} after {took:?}; virtiofsd logged {} bytes: {}",
+            logged.len(),
+            &logged[..logged.len().min(300)]
+        ),
+    }
+    assert!(
+        logged.contains("the guest broke virtio-fs queue 1"),
+        "virtiofsd did not say why: {logged:?}"
+    );
+    assert!(
+        logged.len() < 4096,
+        "virtiofsd logged {} bytes",
+        logged.len()
+    );
+    assert!(
+        report.is_some_and(|r| r.contains("the guest broke virtio-fs queue 1")),
+        "virtiofsd had not exited on its own"
+    );
 }

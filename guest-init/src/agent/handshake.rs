@@ -34,7 +34,11 @@ impl HandshakeError {
 /// our version even if it sent something else), then checks its version.
 pub fn hello<S: Read + Write>(stream: &mut S) -> Result<(), HandshakeError> {
     let first = FrameReader::new(&mut *stream).read_message();
-    Message::Hello(Hello::current())
+    let ours = Hello {
+        init_started_ns: crate::vmm_port::init_started_ns(),
+        ..Hello::current()
+    };
+    Message::Hello(ours)
         .encode(stream)
         .map_err(HandshakeError::Write)?;
     match expect(first, Kind::Hello)? {
@@ -150,6 +154,7 @@ mod tests {
     fn version_mismatch_is_answered_with_our_version() {
         let mut s = Duplex::new(&[Message::Hello(Hello {
             version: VERSION + 1,
+            ..Hello::current()
         })]);
         let err = hello(&mut s).unwrap_err();
         assert!(matches!(err, HandshakeError::Version(_)));

@@ -1,5 +1,5 @@
 //! The exec agent (`mvm.agent=1`): instead of running `mvm.cmd`, PID 1
-//! serves the exec channel (docs/protocol.md, version 1) on vsock port
+//! serves the exec channel (docs/protocol.md, version 2) on vsock port
 //! `AGENT_PORT`. For `mvm run`, one connection: hello, one `Exec`, the
 //! relay until the command's `Exit`, and the status to report on the
 //! status port. For a named sandbox (an `Exec` with `keep_serving`), one
@@ -16,6 +16,7 @@ pub mod fd;
 pub mod finish;
 pub mod handshake;
 pub mod inbound;
+pub mod kernel_log;
 pub mod pty;
 pub mod queue;
 pub mod relay;
@@ -28,13 +29,14 @@ pub mod vsock;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use mvm_protocol::{ErrorReport, ExecRequest, Message, AGENT_PORT};
+use mvm_protocol::{ErrorReport, ExecRequest, Exit, Message, AGENT_PORT};
 
 use self::fd::FdStream;
 use self::handshake::Asked;
+use self::kernel_log::KernelLog;
 use self::relay::{Relay, RelayError};
-use crate::say;
 use crate::status::{HOST_GONE, INIT_FAILURE};
+use crate::{say, shutdown};
 
 /// Failures before there is a connection to report them on; init reports
 /// them on the console and as status 125.
@@ -63,7 +65,7 @@ pub fn run() -> Result<u32, AgentError> {
             if let Err(message) = prepare_machine(&request) {
                 return Ok(fail(conn, message));
             }
-            Ok(run_command(conn, &request))
+            Ok(run_command(conn, &request, Last::Yes))
         }
         Asked::Shutdown => {
             finish::close(conn.as_fd());
@@ -113,9 +115,17 @@ fn prepare_machine(request: &ExecRequest) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a command is the machine's last: `mvm run`'s one command, on
+/// whose `Exit` the VMM stops the machine.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Last {
+    Yes,
+    No,
+}
+
 /// Runs the request's command to its end; returns the status for the
 /// status port.
-fn run_command(conn: OwnedFd, request: &ExecRequest) -> u32 {
+fn run_command(conn: OwnedFd, request: &ExecRequest, last: Last) -> u32 {
     let mut prepared = match request::prepare(request) {
         Ok(prepared) => prepared,
         Err(err) => return fail(conn, format!("bad exec request: {err}")),
@@ -132,14 +142,33 @@ fn run_command(conn: OwnedFd, request: &ExecRequest) -> u32 {
         Ok(signals) => signals,
         Err(err) => return fail(conn, format!("cannot watch for the command's exit: {err}")),
     };
+    // Before the command can fill the memory: its OOM kill is logged
+    // after this mark.
+    let mut kernel_log = KernelLog::mark();
     let child = match child::spawn(&prepared) {
         Ok(child) => child,
         Err(err) => return fail(conn, err.to_string()),
     };
     let pid = child.pid;
     let first = child.failure_reports(&prepared);
+    let mut before_exit = move |exit: &mut Exit| {
+        exit.oom_kill = kernel_log.oom_kill_since()
+            || (exit.signal == Some(libc::SIGKILL) && {
+                // The killer logs right after it sends SIGKILL; on another
+                // vCPU that can trail the victim's end by a moment.
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                kernel_log.oom_kill_since()
+            });
+        // The VMM stops the machine when the last command's `Exit`
+        // arrives: the status line and every write of the command's must
+        // be out before it.
+        if last == Last::Yes {
+            shutdown::announce(exit.status.into());
+        }
+    };
     let outcome = fd::set_nonblocking(conn.as_fd())
         .and_then(|()| Relay::new(conn.as_fd(), &signals, child, &first))
+        .map(|relay| relay.before_exit(&mut before_exit))
         .map_err(RelayError::Setup)
         .and_then(|mut relay| relay.run());
     match outcome {

@@ -10,7 +10,11 @@
 //!   holding them open is given up on) before `Exit` is queued;
 //! - memory is bounded: output is read only while less than `OUT_LIMIT` is
 //!   queued for the host, and the vsock is read only while less than
-//!   `STDIN_LIMIT` is queued for a command that is slow to read its stdin.
+//!   `STDIN_LIMIT` is queued for a command that is slow to read its stdin;
+//! - the vsock is always read: the host sends stdin only as far as the
+//!   `StdinCredit` it was given (`STDIN_WINDOW`, then what the command
+//!   took), so a command that does not read its stdin never holds a
+//!   `Signal` back behind it.
 //!
 //! Guest-only as PID 1; `tests/relay.rs` runs it on the host against real
 //! processes.
@@ -19,7 +23,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
-use mvm_protocol::{Decoder, ErrorReport, Exit, Message, MAX_DATA};
+use mvm_protocol::{Decoder, ErrorReport, Exit, Message, StdinCredit, MAX_DATA, STDIN_WINDOW};
 
 use super::child::{Child, ChildIo};
 use super::drain::Drain;
@@ -32,8 +36,13 @@ use crate::status;
 
 /// Output queued for the host above which the command's output is not read.
 pub const OUT_LIMIT: usize = 256 * 1024;
-/// Stdin queued for the command above which the vsock is not read.
-pub const STDIN_LIMIT: usize = 256 * 1024;
+/// Stdin queued for the command above which the vsock is not read. A host
+/// that keeps to its credit never has more than `STDIN_WINDOW` queued; this
+/// bounds the memory a host that does not keep to it can take.
+pub const STDIN_LIMIT: usize = 2 * STDIN_WINDOW as usize;
+/// Stdin taken by the command that is given back to the host at once;
+/// smaller amounts wait until the queue is empty.
+const CREDIT_BATCH: u64 = MAX_DATA as u64;
 /// Bytes read from the vsock at once.
 const READ_CHUNK: usize = 64 * 1024;
 /// `Error` messages sent at most, so bad frames cannot fill the queue.
@@ -82,12 +91,17 @@ pub struct Relay<'a> {
     host_readable: bool,
     stdin: Option<StdinSink>,
     stdin_eof_seen: bool,
+    /// Stdin bytes the command took (or that were dropped) and that the
+    /// host has not been given back as credit yet.
+    credit_owed: u64,
     outputs: Vec<Output>,
     /// A pty master for resizing; `None` without a tty.
     pty_master: Option<OwnedFd>,
     exit: Option<Exit>,
     drain: Option<Drain>,
     exit_queued: bool,
+    /// Runs once, after the last output is queued and before `Exit`.
+    before_exit: Option<&'a mut dyn FnMut(&mut Exit)>,
     reports: usize,
     buf: Vec<u8>,
 }
@@ -139,18 +153,32 @@ impl<'a> Relay<'a> {
             host_readable: true,
             stdin: Some(stdin),
             stdin_eof_seen: false,
+            credit_owed: 0,
             outputs,
             pty_master,
             exit: None,
             drain: None,
             exit_queued: false,
+            before_exit: None,
             reports: 0,
             buf: vec![0; READ_CHUNK.max(MAX_DATA)],
         };
         for message in first {
             relay.send(message);
         }
+        relay.send(&Message::StdinCredit(StdinCredit {
+            bytes: STDIN_WINDOW,
+        }));
         Ok(relay)
+    }
+
+    /// Has `f` run once the command's output is all queued, just before
+    /// its `Exit`, which it may add to: the agent reports an OOM kill
+    /// there, and for `mvm run` syncs, because the VMM stops the machine
+    /// as soon as `Exit` arrives.
+    pub fn before_exit(mut self, f: &'a mut dyn FnMut(&mut Exit)) -> Self {
+        self.before_exit = Some(f);
+        self
     }
 
     /// Runs until the command has exited, its output is drained and `Exit`
@@ -167,11 +195,15 @@ impl<'a> Relay<'a> {
     /// Queues `Exit` once everything before it is queued; returns it once
     /// it is written.
     fn finished(&mut self) -> Option<Exit> {
-        let exit = self.exit.clone()?;
         if !self.outputs.is_empty() {
             return None;
         }
+        let mut exit = self.exit.clone()?;
         if !self.exit_queued {
+            if let Some(f) = self.before_exit.take() {
+                f(&mut exit);
+                self.exit = Some(exit.clone());
+            }
             self.send(&Message::Exit(exit.clone()));
             self.exit_queued = true;
         }
@@ -233,7 +265,33 @@ impl<'a> Relay<'a> {
             // Whatever still holds the output open is not the command.
             self.outputs.clear();
         }
+        self.give_credit();
         Ok(())
+    }
+
+    /// Gives the host back the stdin the command took: in batches while
+    /// the command reads, the rest once the queue is empty. Not after end
+    /// of stdin (the host sends no more) nor after `Exit` (the last
+    /// message).
+    fn give_credit(&mut self) {
+        if self.credit_owed == 0 || self.stdin_eof_seen || self.exit_queued {
+            return;
+        }
+        let queue_empty = self.stdin.as_ref().is_none_or(|s| s.queue.is_empty());
+        if self.credit_owed >= CREDIT_BATCH || queue_empty {
+            let bytes = std::mem::take(&mut self.credit_owed);
+            self.send(&Message::StdinCredit(StdinCredit { bytes }));
+        }
+    }
+
+    /// The command closed its stdin while it runs on: what was queued for
+    /// it is dropped and given back as credit, so the host's stdin drains
+    /// as into a pipe whose reader is gone. (On the command's exit nothing
+    /// is given back: `Exit` follows.)
+    fn drop_stdin(&mut self) {
+        if let Some(sink) = self.stdin.take() {
+            self.credit_owed += sink.queue.len() as u64;
+        }
     }
 
     fn conn_events(&self) -> libc::c_short {
@@ -309,9 +367,12 @@ impl<'a> Relay<'a> {
                     self.report("stdin data after end of stdin".into());
                 } else if let Some(sink) = &mut self.stdin {
                     sink.queue.push(&data);
+                } else {
+                    // No sink: the command closed its stdin or exited; like
+                    // a pipe whose reader is gone, the data has nowhere to
+                    // go, and the host may send the next.
+                    self.credit_owed += data.len() as u64;
                 }
-                // No sink: the command closed its stdin or exited; like a
-                // pipe whose reader is gone, the data has nowhere to go.
             }
             Action::StdinEof => self.on_stdin_eof(),
             Action::Signal(signal) => self.signal(signal),
@@ -357,11 +418,14 @@ impl<'a> Relay<'a> {
     fn write_stdin(&mut self) {
         let Some(sink) = &mut self.stdin else { return };
         match fd::write(sink.fd.as_fd(), sink.queue.pending()) {
-            Ok(n) => sink.queue.consume(n),
+            Ok(n) => {
+                sink.queue.consume(n);
+                self.credit_owed += n as u64;
+            }
             Err(e) if retry(&e) => return,
             // EPIPE: the command closed its stdin; drop what it won't read.
             Err(_) => {
-                self.stdin = None;
+                self.drop_stdin();
                 return;
             }
         }
@@ -406,7 +470,8 @@ impl<'a> Relay<'a> {
         if let Some(exit) = status::exit_message(raw) {
             self.exit = Some(exit);
             self.drain = Some(Drain::start(Instant::now()));
-            // Nobody reads the command's stdin any more.
+            // Nobody reads the command's stdin any more (and the host
+            // needs no credit for what is dropped: `Exit` is coming).
             self.stdin = None;
         }
     }

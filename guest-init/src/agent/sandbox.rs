@@ -23,7 +23,7 @@ use mvm_protocol::{ExecRequest, Exit, Message};
 use super::fd::FdStream;
 use super::handshake::Asked;
 use super::signals::{self, ChildSignals};
-use super::{fd, finish, greet, prepare_machine, run_command, vsock};
+use super::{fd, finish, greet, prepare_machine, run_command, vsock, Last};
 use crate::{power, say};
 
 /// How often PID 1 looks for a power request while nothing else happens
@@ -120,7 +120,7 @@ fn fork_handler(
     }
     match request {
         Some(request) => {
-            run_command(conn, request);
+            run_command(conn, request, Last::No);
         }
         None => serve_connection(conn),
     }
@@ -142,7 +142,7 @@ fn serve_connection(conn: OwnedFd) {
             );
         }
         Asked::Exec(request) => {
-            run_command(conn, &request);
+            run_command(conn, &request, Last::No);
         }
         Asked::Shutdown => {
             // PID 1 takes it as any power request.

@@ -71,7 +71,15 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
         return snapshot_at_ready(machine, dir, deadline, args.timeout, &front, started);
     }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
-    print_stats(args.print_stats, started, &front, &machine, &ended, None);
+    print_stats(
+        args.print_stats,
+        started,
+        &front,
+        &machine,
+        &ended,
+        None,
+        None,
+    );
     match ended.outcome {
         Outcome::Exited(_) | Outcome::Stopped => Ok(0),
         other => Err(outcome_failure(other, args.timeout)),

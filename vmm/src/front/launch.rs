@@ -70,6 +70,11 @@ pub(super) struct Spec<'a> {
     pub templates: Templates,
     /// The guest console to stderr instead of the log (`--console`).
     pub console_to_stderr: bool,
+    /// Read-only shares are cached by the guest for the machine's whole
+    /// life (virtiofsd's `--cache=always`): for `mvm run`, whose machine
+    /// lives for one command. A sandbox's commands must see the host's
+    /// edits between them, so its shares keep virtiofsd's `auto` (1 s).
+    pub cache_read_only: bool,
 }
 
 /// Starts the helpers in `dir`, builds (boots or restores) the machine
@@ -87,6 +92,7 @@ pub(super) fn launch(
         shares,
         templates,
         console_to_stderr,
+        cache_read_only,
     } = *spec;
     let virtiofsd_binary = match shares.is_empty() {
         true => None,
@@ -112,7 +118,8 @@ pub(super) fn launch(
         let binary = virtiofsd_binary
             .as_deref()
             .unwrap_or(Path::new("virtiofsd"));
-        let (backend, fs) = start_backend(dir, binary, index, share, &request)?;
+        let cache_always = cache_read_only && share.read_only;
+        let (backend, fs) = start_backend(dir, binary, index, share, cache_always, &request)?;
         backends.push(backend);
         config.shares.push(fs);
     }
@@ -265,6 +272,7 @@ fn start_backend(
     binary: &Path,
     index: usize,
     share: &Share,
+    cache_always: bool,
     request: &ExecRequest,
 ) -> Result<(Virtiofsd, FsShare), Failure> {
     let socket = dir.path().join(format!("fs{index}.sock"));
@@ -272,6 +280,8 @@ fn start_backend(
         binary,
         shared_dir: &share.dir,
         read_only: share.read_only,
+        guard: share.guard,
+        cache_always,
         socket: &socket,
         log: &dir.path().join(format!("fs{index}.log")),
         uid: session::dir::current_uid(),

@@ -46,6 +46,13 @@ pub struct RunArgs {
     /// Share no workspace at all
     #[arg(long, conflicts_with = "workspace")]
     pub no_workspace: bool,
+    /// Let writable shares (--write, --mount ...:rw) change the files your
+    /// tools run later: .git/hooks, .git/config, .envrc, .vscode/, shell
+    /// rc files and the like, at any depth (docs/security.md). Without it
+    /// they stay read-only ("Read-only file system") and cannot be made,
+    /// removed or renamed
+    #[arg(long)]
+    pub write_hooks: bool,
     /// Allow sharing / , your home directory ($HOME) or a directory above
     /// it (refused otherwise: the guest would see your shell startup
     /// files, keys and every project; with --write it could change them)
@@ -226,6 +233,7 @@ fn run_in_vm(
         shares: &shares,
         templates: Templates::RestoreOrCreate,
         console_to_stderr: args.console,
+        cache_read_only: true,
     };
     // Declared after `dir`, so dropped before it.
     let Launched {
@@ -275,6 +283,7 @@ fn run_in_vm(
     if let Some(at) = session.command_started() {
         front.mark_at("agent connected, command sent", at);
     }
+    let guest_init_clock = session.guest_init_clock();
     let result = session.finish();
     drop(raw_mode);
     print_stats(
@@ -284,6 +293,7 @@ fn run_in_vm(
         &machine,
         &ended,
         result.as_ref().ok().map(|(_, at)| *at),
+        guest_init_clock,
     );
     if let Some((proxy, _)) = egress.as_mut() {
         // The VM is gone: what it left open is cut and logged first.
@@ -291,7 +301,10 @@ fn run_in_vm(
         args.egress.report(proxy, vm.print_stats);
     }
 
-    if oom_seen.load(std::sync::atomic::Ordering::SeqCst) {
+    // The agent reports a kill from the kernel's log; the console's banner
+    // covers a run whose channel broke before its `Exit`.
+    let oom_reported = result.as_ref().is_ok_and(|(exit, _)| exit.oom_kill);
+    if oom_reported || oom_seen.load(std::sync::atomic::Ordering::SeqCst) {
         eprintln!(
             "mvm: the guest ran out of memory (--memory {} MiB): its kernel killed a process (see the guest console)",
             mem_size >> 20
@@ -371,6 +384,7 @@ fn plan_shares(args: &RunArgs) -> Result<Vec<Share>, Failure> {
         mounts: &args.mounts,
         home: home.as_deref(),
         allow_home: args.allow_home_share,
+        write_hooks: args.write_hooks,
     })
     .map_err(setup_failure)
 }

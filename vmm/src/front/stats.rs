@@ -1,6 +1,6 @@
 //! `--print-stats`: what the run cost, on stderr (docs/benchmarks.md).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mvm_devices::legacy::{BOOT_MARKER_INIT_READY, BOOT_MARKER_INIT_STARTED};
 
@@ -8,7 +8,9 @@ use crate::machine::{Ended, Machine};
 use crate::timeline::Timeline;
 
 /// `started`: when mvm started; `front`: the front end's own moments;
-/// `teardown_from`: when the command's exit status arrived (`mvm run`).
+/// `teardown_from`: when the command's exit status arrived (`mvm run`);
+/// `guest_init_clock`: the guest kernel's clock at guest-init's boot
+/// marker, from the agent's hello.
 pub(crate) fn print_stats(
     wanted: bool,
     started: Instant,
@@ -16,6 +18,7 @@ pub(crate) fn print_stats(
     machine: &Machine,
     ended: &Ended,
     teardown_from: Option<Instant>,
+    guest_init_clock: Option<Duration>,
 ) {
     if !wanted {
         return;
@@ -41,6 +44,20 @@ pub(crate) fn print_stats(
             timeline.mark_at(name, *at);
         }
     }
+    // The guest kernel's clock (CLOCK_BOOTTIME) starts in its
+    // timekeeping_init: the marker's arrival less the clock's reading at
+    // it places that start on mvm's timeline, telling the kernel's early
+    // set-up (before it) from its init (after it) by the kernel's own
+    // clock.
+    let init_started = markers
+        .iter()
+        .find(|(m, _)| *m == BOOT_MARKER_INIT_STARTED)
+        .map(|(_, at)| *at);
+    let kernel_clock_start =
+        init_started.and_then(|at| guest_init_clock.and_then(|d| at.checked_sub(d)));
+    if let Some(at) = kernel_clock_start {
+        timeline.mark_at("guest kernel's clock started (by its own clock)", at);
+    }
     if let Some(at) = teardown_from {
         timeline.mark_at("command's exit status received", at);
     }
@@ -48,16 +65,19 @@ pub(crate) fn print_stats(
     for (ms, name) in timeline.since(started) {
         eprintln!("mvm: phase: +{ms:.1} ms {name}");
     }
-    let boot_to_init = markers
-        .iter()
-        .find(|(m, _)| *m == BOOT_MARKER_INIT_STARTED)
-        .map(|(_, at)| at.saturating_duration_since(started));
+    let boot_to_init = init_started.map(|at| at.saturating_duration_since(started));
     match boot_to_init {
         Some(d) => eprintln!("mvm: boot to init: {:.1} ms", d.as_secs_f64() * 1e3),
         None if machine.is_restored() => {
             eprintln!("mvm: boot to init: none (restored from a template)")
         }
         None => eprintln!("mvm: boot to init: no boot marker from the guest"),
+    }
+    if let (Some(d), Some(_)) = (guest_init_clock, kernel_clock_start) {
+        eprintln!(
+            "mvm: guest kernel to init: {:.1} ms (the guest's own clock)",
+            d.as_secs_f64() * 1e3
+        );
     }
     print_process_stats(started);
     if let Some(kib) = machine.guest_resident_kib() {

@@ -27,6 +27,9 @@ pub enum StopReason {
     /// The host stopped it for another reason: the exec channel ended and
     /// the guest did not reset by itself within the grace period.
     Host,
+    /// The command's `Exit` arrived: guest-init syncs before it sends that
+    /// (docs/protocol.md), so nothing in the guest is left to wait for.
+    CommandExited,
 }
 
 struct Inner {

@@ -1,15 +1,18 @@
-//! The host end of the exec channel (docs/protocol.md, version 1): connect
+//! The host end of the exec channel (docs/protocol.md, version 2): connect
 //! through the vsock device's Unix socket, shake hands with the guest
 //! agent, send the command, and relay its stdin, stdout and stderr until it
 //! exits. Blocking I/O on a dedicated thread: a slow stdout reader makes
 //! this thread write slowly, which stops it reading the socket, which
 //! (through vsock credit) stops the guest: memory stays bounded end to end.
+//! Stdin goes out only as far as the agent's `StdinCredit` allows
+//! (`StdinWindow`), so the stream never fills with stdin a command does not
+//! read, and a `Signal` is never held behind it.
 
 use crate::confine::{seccomp, ThreadKind};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -47,6 +50,53 @@ pub enum Error {
 
 /// The writing half, shared by the stdin pump and the signal forwarder.
 pub type Writer = Arc<Mutex<UnixStream>>;
+
+/// How many more bytes of stdin the agent has room for: the output relay
+/// adds each `StdinCredit`, the stdin pump takes from it before each send
+/// and waits while there is none. Closed when the relay ends, which lets a
+/// waiting pump go.
+#[derive(Default)]
+pub struct StdinWindow {
+    state: Mutex<WindowState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct WindowState {
+    bytes: u64,
+    closed: bool,
+}
+
+impl StdinWindow {
+    pub fn grant(&self, bytes: u64) {
+        if let Ok(mut state) = self.state.lock() {
+            state.bytes = state.bytes.saturating_add(bytes);
+            self.changed.notify_all();
+        }
+    }
+
+    pub fn close(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.closed = true;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits for room and takes up to `want` bytes of it (at least one);
+    /// `None` once the window is closed.
+    fn take(&self, want: usize) -> Option<usize> {
+        let mut state = self.state.lock().ok()?;
+        while state.bytes == 0 && !state.closed {
+            state = self.changed.wait(state).ok()?;
+        }
+        if state.closed {
+            return None;
+        }
+        let n = state.bytes.min(want as u64);
+        state.bytes -= n;
+        Some(n as usize)
+    }
+}
 
 pub fn send(writer: &Writer, msg: &Message) -> Result<(), Error> {
     let mut w = writer
@@ -154,60 +204,88 @@ fn try_connect(dial: Dial, port: u32, reply_timeout: Duration) -> io::Result<Opt
     Ok(line.starts_with(b"OK ").then_some(stream))
 }
 
-/// Hello both ways, then the command. Returns the reader for the relay.
+/// Hello both ways, then the command. Returns the reader for the relay
+/// and the guest's hello.
 pub fn start(
     stream: &UnixStream,
     writer: &Writer,
     request: ExecRequest,
-) -> Result<FrameReader<UnixStream>, Error> {
-    let reader = greet(stream, writer)?;
+) -> Result<(FrameReader<UnixStream>, Hello), Error> {
+    let greeted = greet(stream, writer)?;
     send(writer, &Message::Exec(request))?;
-    Ok(reader)
+    Ok(greeted)
 }
 
-/// Hello both ways; returns the reader for what follows.
-pub fn greet(stream: &UnixStream, writer: &Writer) -> Result<FrameReader<UnixStream>, Error> {
+/// Hello both ways; returns the reader for what follows and the guest's
+/// hello.
+pub fn greet(
+    stream: &UnixStream,
+    writer: &Writer,
+) -> Result<(FrameReader<UnixStream>, Hello), Error> {
     let read_half = stream.try_clone().map_err(Error::Write)?;
     let mut reader = FrameReader::new(read_half);
     send(writer, &Message::Hello(Hello::current()))?;
-    match reader.read_message()? {
-        Some(Message::Hello(hello)) => check_guest_version(hello.version)?,
+    let hello = match reader.read_message()? {
+        Some(Message::Hello(hello)) => hello,
         Some(Message::Error(e)) => return Err(Error::Refused(e.message)),
         Some(_) => return Err(Error::Unexpected("a data message before its Hello")),
         None => return Err(Error::Lost),
-    }
-    Ok(reader)
+    };
+    check_guest_version(hello.version)?;
+    Ok((reader, hello))
 }
 
-/// Copies this process's stdin to the guest until EOF, then says so.
-pub fn pump_stdin(writer: Writer) {
+/// Copies this process's stdin to the guest until EOF, then says so, on a
+/// thread of its own.
+pub fn pump_stdin(writer: Writer, window: Arc<StdinWindow>) {
     thread::Builder::new()
         .name("mvm-stdin".into())
         .spawn(move || {
             // Started by the session thread, whose filter it inherits.
             seccomp::inherited(ThreadKind::Session);
-            let mut stdin = io::stdin().lock();
-            let mut buf = vec![0u8; MAX_DATA];
-            loop {
-                match stdin.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if send(&writer, &Message::Stdin(buf[..n].to_vec())).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-            let _ = send(&writer, &Message::StdinEof);
+            pump(io::stdin().lock(), &writer, &window);
         })
         .map(|_| ())
         .unwrap_or_else(|e| eprintln!("mvm: cannot start the stdin thread: {e}"));
 }
 
-/// Relays the command's output until its `Exit`.
-pub fn relay_output(reader: &mut FrameReader<UnixStream>) -> Result<Exit, Error> {
+/// Sends what `input` holds as `Stdin`, never more than `window` allows,
+/// then `StdinEof`. Ends early when the channel or the window closes.
+fn pump(mut input: impl Read, writer: &Writer, window: &StdinWindow) {
+    let mut buf = vec![0u8; MAX_DATA];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let mut sent = 0;
+        while sent < n {
+            let Some(room) = window.take(n - sent) else {
+                return;
+            };
+            if send(writer, &Message::Stdin(buf[sent..sent + room].to_vec())).is_err() {
+                return;
+            }
+            sent += room;
+        }
+    }
+    let _ = send(writer, &Message::StdinEof);
+}
+
+/// Relays the command's output until its `Exit`, and the agent's stdin
+/// credit into `window` (closed when this returns).
+pub fn relay_output(
+    reader: &mut FrameReader<UnixStream>,
+    window: &StdinWindow,
+) -> Result<Exit, Error> {
+    let result = relay(reader, window);
+    window.close();
+    result
+}
+
+fn relay(reader: &mut FrameReader<UnixStream>, window: &StdinWindow) -> Result<Exit, Error> {
     let stdout = io::stdout();
     let stderr = io::stderr();
     loop {
@@ -215,6 +293,7 @@ pub fn relay_output(reader: &mut FrameReader<UnixStream>) -> Result<Exit, Error>
             Some(Message::Stdout(data)) => write_out(&mut stdout.lock(), &data),
             Some(Message::Stderr(data)) => write_out(&mut stderr.lock(), &data),
             Some(Message::Error(e)) => eprintln!("mvm: {}", e.message),
+            Some(Message::StdinCredit(credit)) => window.grant(credit.bytes),
             Some(Message::Exit(exit)) => return Ok(exit),
             Some(_) => return Err(Error::Unexpected("a host-to-guest message")),
             None => return Err(Error::Lost),
@@ -231,7 +310,7 @@ fn write_out(out: &mut impl Write, data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mvm_protocol::Hello;
+    use mvm_protocol::{Hello, StdinCredit};
     use std::os::unix::net::UnixListener;
 
     /// A stand-in for the vsock device plus guest agent on the other end
@@ -283,14 +362,23 @@ mod tests {
             };
             assert_eq!(req.uid, 1000);
             assert_eq!(r.read_message().unwrap(), Some(Message::StdinEof));
+            Message::StdinCredit(StdinCredit { bytes: 5 })
+                .encode(s)
+                .unwrap();
             Message::Stdout(b"out".to_vec()).encode(s).unwrap();
             Message::Exit(Exit::exited(7)).encode(s).unwrap();
         });
         let stream = connect(&path, 1024, &|| false).unwrap();
         let writer = Arc::new(Mutex::new(stream.try_clone().unwrap()));
-        let mut reader = start(&stream, &writer, request()).unwrap();
+        let (mut reader, _) = start(&stream, &writer, request()).unwrap();
         send(&writer, &Message::StdinEof).unwrap();
-        assert_eq!(relay_output(&mut reader).unwrap().status, 7);
+        let window = StdinWindow::default();
+        assert_eq!(relay(&mut reader, &window).unwrap().status, 7);
+        // The credit reached the window; closing it (as relay_output does)
+        // lets a waiting pump go.
+        assert_eq!(window.take(100), Some(5));
+        window.close();
+        assert_eq!(window.take(100), None);
         guest.join().unwrap();
         std::fs::remove_file(&path).unwrap();
     }
@@ -327,7 +415,12 @@ mod tests {
         let path = sock("version");
         let guest = fake_guest(&path, |s, r| {
             let _ = r.read_message();
-            Message::Hello(Hello { version: 99 }).encode(s).unwrap();
+            Message::Hello(Hello {
+                version: 99,
+                ..Hello::current()
+            })
+            .encode(s)
+            .unwrap();
         });
         let stream = connect(&path, 1024, &|| false).unwrap();
         let writer = Arc::new(Mutex::new(stream.try_clone().unwrap()));
@@ -348,10 +441,60 @@ mod tests {
         });
         let stream = connect(&path, 1024, &|| false).unwrap();
         let writer = Arc::new(Mutex::new(stream.try_clone().unwrap()));
-        let mut reader = start(&stream, &writer, request()).unwrap();
+        let (mut reader, _) = start(&stream, &writer, request()).unwrap();
         guest.join().unwrap();
-        assert!(matches!(relay_output(&mut reader), Err(Error::Lost)));
+        let window = StdinWindow::default();
+        assert!(matches!(
+            relay_output(&mut reader, &window),
+            Err(Error::Lost)
+        ));
+        assert_eq!(window.take(1), None, "the window is closed");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Reads the next frame, or `None` when nothing comes within 300 ms.
+    fn next_within(r: &mut FrameReader<UnixStream>) -> Option<Message> {
+        r.get_ref()
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        r.read_message().ok().flatten()
+    }
+
+    #[test]
+    fn stdin_goes_out_only_as_far_as_the_credit_allows() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let writer: Writer = Arc::new(Mutex::new(host));
+        let window = Arc::new(StdinWindow::default());
+        let input = [7u8; 100];
+        let pump_thread = {
+            let (writer, window) = (writer.clone(), window.clone());
+            thread::spawn(move || pump(&input[..], &writer, &window))
+        };
+        let mut r = FrameReader::new(guest);
+        assert_eq!(next_within(&mut r), None, "stdin sent with no credit");
+        window.grant(10);
+        assert_eq!(next_within(&mut r), Some(Message::Stdin(vec![7u8; 10])));
+        assert_eq!(next_within(&mut r), None, "stdin sent past the credit");
+        window.grant(1000);
+        assert_eq!(next_within(&mut r), Some(Message::Stdin(vec![7u8; 90])));
+        assert_eq!(next_within(&mut r), Some(Message::StdinEof));
+        pump_thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_pump_waiting_for_credit_ends_when_the_window_closes() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let writer: Writer = Arc::new(Mutex::new(host));
+        let window = Arc::new(StdinWindow::default());
+        let pump_thread = {
+            let (writer, window) = (writer.clone(), window.clone());
+            thread::spawn(move || pump(&b"never sent"[..], &writer, &window))
+        };
+        thread::sleep(Duration::from_millis(100));
+        window.close();
+        pump_thread.join().unwrap();
+        let mut r = FrameReader::new(guest);
+        assert_eq!(next_within(&mut r), None, "nothing is sent after the end");
     }
 
     #[test]

@@ -15,7 +15,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The lock file in each session directory.
 const LOCK: &str = "lock";
@@ -26,6 +27,11 @@ pub const SANDBOXES: &str = "sandboxes";
 /// A directory without a lock file is either being created right now or
 /// from before locks; it is swept only once older than this.
 const UNLOCKED_GRACE: Duration = Duration::from_secs(60);
+/// How long a supervisor asks again for a sandbox's lock that is held
+/// (`SessionDir::claim`): far longer than any prober holds it, far
+/// shorter than a running supervisor does.
+const CLAIM_PATIENCE: Duration = Duration::from_secs(2);
+const CLAIM_RETRY: Duration = Duration::from_millis(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -112,7 +118,16 @@ impl SessionDir {
     /// A named sandbox's runtime directory `path` (its parent private
     /// already), for its supervisor: created if missing, and taken only
     /// if no other supervisor holds its lock (`Ok(None)`: one does).
+    /// Whoever asks whether the sandbox runs (`Paths::supervised`: `mvm
+    /// create` waiting for it, `ls`, `exec`) holds the lock for an instant
+    /// too, so a lock held is asked again for [`CLAIM_PATIENCE`] before
+    /// it counts as another supervisor's (a create once failed with
+    /// "running already" on its own new sandbox, under load).
     pub fn claim(path: &Path) -> Result<Option<Self>, Error> {
+        Self::claim_within(path, CLAIM_PATIENCE)
+    }
+
+    fn claim_within(path: &Path, patience: Duration) -> Result<Option<Self>, Error> {
         let create_err = |source| Error::Create {
             path: path.to_owned(),
             source,
@@ -128,14 +143,20 @@ impl SessionDir {
             .write(true)
             .open(path.join(LOCK))
             .map_err(create_err)?;
-        match try_lock(&lock) {
-            Ok(true) => Ok(Some(Self {
-                path: path.to_owned(),
-                _lock: lock,
-                keep_logs: true,
-            })),
-            Ok(false) => Ok(None),
-            Err(e) => Err(create_err(e)),
+        let deadline = Instant::now() + patience;
+        loop {
+            match try_lock(&lock) {
+                Ok(true) => {
+                    return Ok(Some(Self {
+                        path: path.to_owned(),
+                        _lock: lock,
+                        keep_logs: true,
+                    }))
+                }
+                Ok(false) if Instant::now() < deadline => thread::sleep(CLAIM_RETRY),
+                Ok(false) => return Ok(None),
+                Err(e) => return Err(create_err(e)),
+            }
         }
     }
 
@@ -250,6 +271,30 @@ fn sweep_stale(base: &Path) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_claim_waits_out_a_prober_but_not_a_supervisor() {
+        let base = scratch("claim");
+        fs::create_dir_all(&base).unwrap();
+        let path = base.join("sbx");
+        // A prober (Paths::supervised) holds the lock for a moment.
+        let first = SessionDir::claim(&path).unwrap().unwrap();
+        let prober = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            drop(first);
+        });
+        let second = SessionDir::claim_within(&path, Duration::from_secs(2)).unwrap();
+        assert!(
+            second.is_some(),
+            "the lock a prober held briefly was not taken"
+        );
+        prober.join().unwrap();
+        // A supervisor that keeps it: refused once the patience is over.
+        let third = SessionDir::claim_within(&path, Duration::from_millis(50)).unwrap();
+        assert!(third.is_none(), "claimed a lock someone holds");
+        drop(second);
+        let _ = fs::remove_dir_all(&base);
+    }
 
     /// A base of its own per test (they run in parallel).
     fn scratch(test: &str) -> PathBuf {

@@ -24,8 +24,9 @@ use mvm_protocol::{ExecRequest, Exit, Message, AGENT_PORT};
 pub use dir::SessionDir;
 pub use signals::Target;
 
-/// After the command's exit status arrives the guest reboots by itself;
-/// if it has not within this long, the VMM stops it.
+/// After the exec channel failed, guest-init may still report on the
+/// status port and reboot; if it has not within this long, the VMM stops
+/// it.
 const GUEST_STOP_GRACE: Duration = Duration::from_secs(3);
 /// Once the VM has stopped, output still in the socket gets this long to
 /// be relayed before the channel is cut.
@@ -39,7 +40,16 @@ pub struct Session {
     done: Receiver<Result<Ended, client::Error>>,
     stream: Arc<Mutex<Option<UnixStream>>>,
     /// When the agent took the command (Hello both ways, Exec sent).
-    started: Arc<Mutex<Option<Instant>>>,
+    started: Arc<Mutex<Option<Started>>>,
+}
+
+/// The command's start, as the session saw it.
+#[derive(Clone, Copy)]
+struct Started {
+    at: Instant,
+    /// The guest kernel's clock at guest-init's boot marker, from the
+    /// agent's hello.
+    guest_init_clock: Option<Duration>,
 }
 
 /// Starts the exec client: it waits for the guest agent, sends `request`
@@ -77,12 +87,17 @@ pub fn start(
                     &started_slot,
                 )
             };
-            // After the command's exit, and just as much after a channel
-            // that broke or carried garbage (a guest that misbehaves must
-            // not keep the run alive until --timeout): guest-init gets the
-            // grace period to report on the status port, then the VM is
-            // stopped.
-            stop_guest_if_lingering(&vm);
+            match result {
+                // guest-init synced before its `Exit` and has nothing more
+                // to say: waiting for its reboot would only add the guest
+                // kernel's shutdown to the teardown.
+                Ok(_) => vm.stop(StopReason::CommandExited),
+                // A channel that broke or carried garbage (a guest that
+                // misbehaves must not keep the run alive until --timeout):
+                // guest-init gets the grace period to report on the status
+                // port, then the VM is stopped.
+                Err(_) => stop_guest_if_lingering(&vm),
+            }
             let _ = tx.send(result);
         })?;
     Ok(Session {
@@ -99,7 +114,7 @@ fn exec(
     vm: &StopHandle,
     target: &Target,
     slot: &Mutex<Option<UnixStream>>,
-    started: &Mutex<Option<Instant>>,
+    started: &Mutex<Option<Started>>,
 ) -> Result<Ended, client::Error> {
     let stream = client::connect_dialing(dialer, AGENT_PORT, &|| vm.is_stopped())?;
     // The clock as it is now that the guest listens: a restored guest's
@@ -113,20 +128,25 @@ fn exec(
     let writer = Arc::new(Mutex::new(
         stream.try_clone().map_err(client::Error::Write)?,
     ));
-    let mut reader = client::start(&stream, &writer, request)?;
+    let (mut reader, hello) = client::start(&stream, &writer, request)?;
     if let Ok(mut at) = started.lock() {
-        *at = Some(Instant::now());
+        *at = Some(Started {
+            at: Instant::now(),
+            guest_init_clock: hello.init_started_ns.map(Duration::from_nanos),
+        });
     }
     if let Ok(mut t) = target.lock() {
         *t = Some(writer.clone());
     }
+    let window = Arc::new(client::StdinWindow::default());
     if forward_stdin {
-        client::pump_stdin(writer);
+        client::pump_stdin(writer, window.clone());
     } else {
         client::send(&writer, &Message::StdinEof)?;
     }
-    let exit = client::relay_output(&mut reader).map(|e| (e, Instant::now()));
-    // Closing tells the agent the host has everything; it reboots then.
+    let exit = client::relay_output(&mut reader, &window).map(|e| (e, Instant::now()));
+    // Closing tells the agent the host has everything (the machine is
+    // stopped right after an `Exit`; this matters when none came).
     let _ = stream.shutdown(Shutdown::Both);
     exit
 }
@@ -154,7 +174,18 @@ fn stop_guest_if_lingering(vm: &StopHandle) {
 impl Session {
     /// When the guest agent took the command, if it did.
     pub fn command_started(&self) -> Option<Instant> {
-        self.started.lock().ok().and_then(|at| *at)
+        self.started.lock().ok().and_then(|s| *s).map(|s| s.at)
+    }
+
+    /// The guest kernel's `CLOCK_BOOTTIME` when guest-init wrote its boot
+    /// marker, as the agent said in its hello (a restored guest's is its
+    /// template's).
+    pub fn guest_init_clock(&self) -> Option<Duration> {
+        self.started
+            .lock()
+            .ok()
+            .and_then(|s| *s)
+            .and_then(|s| s.guest_init_clock)
     }
 
     /// Called once the VM has stopped: the command's exit, or why there is

@@ -21,7 +21,6 @@ use super::super::run::print_console_tail;
 use super::super::stats::print_exec_stats;
 use super::super::vm_args::timeout_duration;
 use super::super::{setup_failure, Failure};
-use super::console_mark::ConsoleMark;
 use super::{last_error, sandbox_failure};
 use crate::exit_code;
 use crate::sandboxes::{Paths, State, EXEC_DEFAULTS, SUPERVISOR_LOG};
@@ -106,7 +105,6 @@ fn exec_in(
         )));
     }
     let request = request(paths, args, argv)?;
-    let console = ConsoleMark::at_end_of(paths.runtime_file("console.log"));
     let socket = paths.runtime_file("vsock.sock");
     // The agent of a running sandbox listens: a connection it does not
     // take within the limit is refused (the socket's owner is another
@@ -125,21 +123,28 @@ fn exec_in(
         Arc::new(Mutex::new(stream.try_clone().map_err(|e| {
             setup_failure(format!("cannot use the exec channel: {e}"))
         })?));
-    let mut reader = client::start(&stream, &writer, request).map_err(|e| lost(name, paths, &e))?;
+    let (mut reader, _) =
+        client::start(&stream, &writer, request).map_err(|e| lost(name, paths, &e))?;
     let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
     let cut_by = Arc::new(AtomicI32::new(0));
     forward_signals(writer.clone(), &stream, cut_by.clone())?;
     if let Some(limit) = timeout {
         cut_after(limit, &stream, cut_by.clone(), CUT_BY_TIMEOUT)?;
     }
+    let window = Arc::new(client::StdinWindow::default());
     if args.interactive {
-        client::pump_stdin(writer);
+        client::pump_stdin(writer, window.clone());
     } else {
         client::send(&writer, &Message::StdinEof).map_err(|e| lost(name, paths, &e))?;
     }
-    let exit = client::relay_output(&mut reader);
+    let exit = client::relay_output(&mut reader, &window);
     drop(raw_mode);
-    console.report_oom(name, exit.as_ref().ok().map(|e| e.status));
+    if exit.as_ref().is_ok_and(|e| e.oom_kill) {
+        // From the guest kernel's log, as the agent read it at the end.
+        eprintln!(
+            "mvm: the sandbox's guest ran out of memory during the command: its kernel killed a process (mvm logs {name})"
+        );
+    }
     let _ = stream.shutdown(Shutdown::Both);
     exit.map(|e| i32::from(e.status)).map_err(|e| {
         match cut_by.load(Ordering::SeqCst) {

@@ -4,7 +4,6 @@
 //! `rm` and `logs` manage it. Where each one's files live and how its
 //! state is told is `crate::sandboxes`.
 
-mod console_mark;
 mod create;
 mod exec;
 mod manage;

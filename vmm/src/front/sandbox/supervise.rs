@@ -25,7 +25,7 @@ use super::super::launch::{launch, Launched, Spec, Templates};
 use super::super::request::exec_request;
 use super::super::run::{plan_machine, Machine};
 use super::super::{outcome_failure, setup_failure, vmm_failure, Failure};
-use super::{parse_stored, sandbox_failure};
+use super::{parse_stored, sandbox_failure, CreateArgs};
 use crate::confine::{seccomp, ThreadKind};
 use crate::machine::{Outcome, StopHandle, StopReason};
 use crate::sandboxes::{Paths, EXEC_DEFAULTS, PID, READY};
@@ -47,10 +47,30 @@ pub fn supervise(name: &str) -> Result<i32, Failure> {
         ))
     })?;
     let options = parse_stored(&record)?;
-    let (vm, run) = (&options.vm, &options.run);
     let dir = SessionDir::claim(&paths.runtime)
         .map_err(setup_failure)?
         .ok_or_else(|| setup_failure(format!("sandbox '{name}' is running already")))?;
+    match supervise_claimed(name, &paths, &options, &dir) {
+        Ok(code) => Ok(code),
+        // Said here, while the runtime directory's lock is still held: an
+        // `mvm exec` whose command the end cut off waits for the lock to
+        // go, then reads this line from the log (exec.rs, `lost`).
+        Err(failure) => {
+            eprintln!("mvm: {}", failure.message);
+            drop(dir);
+            Ok(failure.code)
+        }
+    }
+}
+
+/// The machine of a sandbox whose runtime directory `dir` is claimed.
+fn supervise_claimed(
+    name: &str,
+    paths: &Paths,
+    options: &CreateArgs,
+    dir: &SessionDir,
+) -> Result<i32, Failure> {
+    let (vm, run) = (&options.vm, &options.run);
     let file_err =
         |what: &str, e: std::io::Error| setup_failure(format!("cannot write {what}: {e}"));
     fs::write(paths.runtime_file(PID), format!("{}\n", std::process::id()))
@@ -89,10 +109,11 @@ pub fn supervise(name: &str) -> Result<i32, Failure> {
     let spec = Spec {
         args: run,
         vm,
-        dir: &dir,
+        dir,
         shares: &shares,
         templates: Templates::RestoreOnly,
         console_to_stderr: false,
+        cache_read_only: false,
     };
     let Launched {
         mut machine,
@@ -229,15 +250,15 @@ fn set_up(
         setup.wall_clock_ns = crate::session::wall_clock_ns();
     }
     let writer = writer(&stream)?;
-    let mut reader = client::start(&stream, &writer, request)?;
+    let (mut reader, _) = client::start(&stream, &writer, request)?;
     client::send(&writer, &Message::StdinEof)?;
-    client::relay_output(&mut reader)
+    client::relay_output(&mut reader, &client::StdinWindow::default())
 }
 
 fn ask_shutdown(dialer: &Dialer, vm: &StopHandle) -> Result<(), client::Error> {
     let stream = client::connect_dialing(dialer, AGENT_PORT, &|| vm.is_stopped())?;
     let writer = writer(&stream)?;
-    let _reader = client::greet(&stream, &writer)?;
+    let _greeted = client::greet(&stream, &writer)?;
     client::send(&writer, &Message::Shutdown)
 }
 
