@@ -12,7 +12,8 @@ use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-const PANIC_BANNER: &[u8] = b"Kernel panic - not syncing";
+/// The kernel's panic line (kernel/panic.c), printed at KERN_EMERG.
+pub const PANIC_BANNER: &str = "Kernel panic - not syncing";
 /// The OOM killer's report (mm/oom_kill.c), printed at KERN_ERR, so it
 /// reaches the console even with `quiet`.
 pub const OOM_BANNER: &[u8] = b"Out of memory: Killed process";
@@ -50,7 +51,7 @@ impl ConsoleOutput {
     fn scan(&mut self, data: &[u8]) {
         self.window.extend_from_slice(data);
         for (banner, flag) in [
-            (PANIC_BANNER, &self.panic_seen),
+            (PANIC_BANNER.as_bytes(), &self.panic_seen),
             (OOM_BANNER, &self.oom_seen),
         ] {
             if self.window.windows(banner.len()).any(|w| w == banner) {

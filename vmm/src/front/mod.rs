@@ -6,6 +6,7 @@
 
 pub mod boot;
 pub mod command_args;
+mod console_tail;
 pub mod egress;
 mod failure;
 pub mod image;

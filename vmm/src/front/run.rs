@@ -3,8 +3,6 @@
 //! exec client talking to the guest agent, and the mapping of however it
 //! ended to one exit code.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,6 +11,7 @@ use clap::Args;
 use mvm_protocol::boot::agent_param;
 
 use super::command_args::CommandArgs;
+use super::console_tail;
 use super::launch::{launch, Launched, Spec, Templates};
 use super::request::{exec_request, root_disk};
 use super::template_save::save_template;
@@ -27,9 +26,6 @@ use crate::session::{self, signals, terminal, SessionDir};
 use crate::shares::{self, Share};
 use crate::timeline::Timeline;
 use mvm_image::ImageConfig;
-
-/// Console lines shown when the guest crashed (unless --quiet).
-const CONSOLE_TAIL_LINES: usize = 20;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -316,7 +312,7 @@ fn run_in_vm(
     };
     let console_explains = [exit_code::GUEST_CRASHED, exit_code::SETUP_FAILED];
     if !args.quiet && !args.console && console_explains.contains(&failure.code) {
-        print_console_tail(&dir.console_path());
+        console_tail::print(&dir.console_path());
     }
     Err(failure)
 }
@@ -387,19 +383,4 @@ fn plan_shares(args: &RunArgs) -> Result<Vec<Share>, Failure> {
         write_hooks: args.write_hooks,
     })
     .map_err(setup_failure)
-}
-
-pub(super) fn print_console_tail(path: &Path) {
-    let Ok(file) = File::open(path) else {
-        return;
-    };
-    let lines: Vec<String> = BufReader::new(file).lines().map_while(Result::ok).collect();
-    let tail = &lines[lines.len().saturating_sub(CONSOLE_TAIL_LINES)..];
-    if tail.is_empty() {
-        return;
-    }
-    eprintln!("mvm: last lines of the guest console:");
-    for line in tail {
-        eprintln!("  | {line}");
-    }
 }

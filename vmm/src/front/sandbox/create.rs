@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::super::run::{plan_machine, print_console_tail};
+use super::super::console_tail;
+use super::super::run::plan_machine;
 use super::super::{setup_failure, Failure};
 use super::{disk_bytes, last_error, refuse_one_shot_options, sandbox_failure, CreateArgs};
 use crate::exit_code;
@@ -152,7 +153,7 @@ fn run_supervisor(paths: &Paths, record: &Record) -> Result<(), Failure> {
         if let Ok(Some(status)) = child.try_wait() {
             let code = status.code().unwrap_or(exit_code::SETUP_FAILED);
             if [exit_code::GUEST_CRASHED, exit_code::SETUP_FAILED].contains(&code) {
-                print_console_tail(&paths.runtime_file("console.log"));
+                console_tail::print(&paths.runtime_file("console.log"));
             }
             let log = paths.runtime_file(SUPERVISOR_LOG);
             return Err(Failure {

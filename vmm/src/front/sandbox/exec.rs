@@ -17,7 +17,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
 use signal_hook::iterator::Signals;
 
 use super::super::command_args::CommandArgs;
-use super::super::run::print_console_tail;
+use super::super::console_tail;
 use super::super::stats::print_exec_stats;
 use super::super::vm_args::timeout_duration;
 use super::super::{setup_failure, Failure};
@@ -181,7 +181,7 @@ fn lost(name: &str, paths: &Paths, err: &client::Error) -> Failure {
     } else {
         match last_error(&paths.runtime_file(SUPERVISOR_LOG)) {
             Some(why) => {
-                print_console_tail(&paths.runtime_file("console.log"));
+                console_tail::print(&paths.runtime_file("console.log"));
                 format!("sandbox '{name}' ended during the command: {why}")
             }
             None => format!(
