@@ -142,8 +142,9 @@ fn hooks_run(call: fn(&Options, &[&str]) -> mvm_e2e::Run, flags: &[&str]) -> mvm
     call(&options, &args)
 }
 
-/// The host's view (HOOKS_VIEW's lines) by key.
-fn hooks_view(run: &mvm_e2e::Run) -> impl Fn(&str) -> String + '_ {
+/// The host's view by key: the after script's line that starts with it
+/// (HOST_VIEW's, HOOKS_VIEW's), the rest of it trimmed.
+fn host_view(run: &mvm_e2e::Run) -> impl Fn(&str) -> String + '_ {
     let after = run.after_lines();
     move |key: &str| {
         after
@@ -234,15 +235,7 @@ fn check_2_host_files_and_the_read_only_workspace_are_not_written() {
         )
     });
     let mut v = Verdict::new();
-    let after = run.after_lines();
-    let host = |key: &str| {
-        after
-            .iter()
-            .find_map(|l| l.strip_prefix(key))
-            .unwrap_or("(missing)")
-            .trim()
-            .to_string()
-    };
+    let host = host_view(&run);
     v.saw(format!("exit {}", code(&run)));
     let erofs = run
         .stdout
@@ -302,15 +295,7 @@ fn check_7_a_legitimate_write_with_write_lands_owned_by_the_caller() {
         )
     });
     let mut v = Verdict::new();
-    let after = run.after_lines();
-    let host = |key: &str| {
-        after
-            .iter()
-            .find_map(|l| l.strip_prefix(key))
-            .unwrap_or("(missing)")
-            .trim()
-            .to_string()
-    };
+    let host = host_view(&run);
     v.saw(format!("exit {}", code(&run)));
     let f = host("f: ");
     let new = host("new: ");
@@ -343,7 +328,7 @@ fn check_2b_files_the_host_runs_later_stay_read_only_with_write() {
     .control(Source::Host, "the same run's ordinary writes reach the host (same call); check 7b: with --write-hooks the same script does plant them");
     let run = check.run(|| hooks_run(attack, &[]));
     let mut v = Verdict::new();
-    let host = hooks_view(&run);
+    let host = host_view(&run);
     let (wrote, refused) = hook_writes(&run);
     v.saw(format!("exit {}", code(&run)));
     v.saw(format!(
@@ -393,7 +378,7 @@ fn check_7b_with_write_hooks_the_same_script_plants_them() {
     .control(Source::Host, "itself the positive control of check 2b");
     let run = check.run(|| hooks_run(control, &["--write-hooks"]));
     let mut v = Verdict::new();
-    let host = hooks_view(&run);
+    let host = host_view(&run);
     let (wrote, refused) = hook_writes(&run);
     v.saw(format!("exit {}", code(&run)));
     v.saw(format!("{wrote} went through, {refused} refused"));
