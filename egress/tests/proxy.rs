@@ -157,29 +157,8 @@ fn localhost_from_the_hosts_file_is_loopback_too() {
     );
     let rule = format!("localhost:{}", echo.port());
     let connect = format!("CONNECT localhost:{} HTTP/1.1\r\n\r\n", echo.port());
-    // Egress::start passes --no-hosts-file; a later flag cannot undo it,
-    // so this proxy is started by hand.
-    let dir = common::scratch("hosts");
-    let sock = dir.join("s");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mvm-egress"))
-        .arg("--listen")
-        .arg(&sock)
-        .arg("--log")
-        .arg(dir.join("log"))
-        .args(["--allow", &rule])
-        .env_clear()
-        .spawn()
-        .unwrap();
-    while !sock.exists() {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    s.write_all(connect.as_bytes()).unwrap();
-    let mut r = String::new();
-    s.read_to_string(&mut r).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    let e = Egress::start_with_hosts_file(&["--allow", &rule]);
+    let r = e.exchange(connect.as_bytes());
     assert!(r.starts_with("HTTP/1.1 403"), "{r}");
     assert!(
         header(&r, "X-Mvm-Blocked")

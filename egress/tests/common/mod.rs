@@ -32,7 +32,22 @@ pub fn scratch(tag: &str) -> PathBuf {
 }
 
 impl Egress {
+    /// A proxy with `args`, which neither reads the host's /etc/hosts
+    /// nor reaches a real name server: every name a test uses is given.
     pub fn start(args: &[&str]) -> Egress {
+        Egress::spawn(args, false)
+    }
+
+    /// The same, reading the host's /etc/hosts as the proxy does by
+    /// default.
+    pub fn start_with_hosts_file(args: &[&str]) -> Egress {
+        Egress::spawn(args, true)
+    }
+
+    /// Starts the proxy and returns once it serves: its summary is
+    /// written when it is confined and about to accept (the socket alone
+    /// exists from bind(), before listen()).
+    fn spawn(args: &[&str], hosts_file: bool) -> Egress {
         let dir = scratch("proxy");
         let sock = dir.join("egress.sock");
         let log = dir.join("net.jsonl");
@@ -44,13 +59,12 @@ impl Egress {
             .arg(&log)
             .arg("--summary")
             .arg(&summary)
-            .args([
-                "--run-id",
-                "run-1",
-                "--no-hosts-file",
-                "--nameserver",
-                "127.0.0.1:9",
-            ])
+            .args(["--run-id", "run-1", "--nameserver", "127.0.0.1:9"])
+            .args(if hosts_file {
+                &[][..]
+            } else {
+                &["--no-hosts-file"][..]
+            })
             .args(args)
             .env_clear()
             .stdin(Stdio::null())
