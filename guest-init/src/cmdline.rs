@@ -15,7 +15,7 @@ use std::ffi::{CStr, CString};
 
 use mvm_protocol::boot::MountParam;
 pub use mvm_protocol::boot::{
-    decode_hex, HexError, MountProblem, RootParam, RootProblem, AGENT_PARAM, CMD_PARAM,
+    decode_hex, HexError, MountProblem, RootLower, RootParam, RootProblem, AGENT_PARAM, CMD_PARAM,
     MAX_TAG_LEN, MOUNT_PARAM, ROOT_PARAM, WORKDIR_PARAM,
 };
 
@@ -445,6 +445,7 @@ mod tests {
         assert_eq!(
             root("quiet mvm.root=vda,erofs,1048576 mvm.agent=1"),
             Ok(Some(RootParam {
+                lower: RootLower::Disk,
                 scratch_bytes: 1 << 20
             }))
         );

@@ -1,5 +1,6 @@
 //! The image root (docs/images.md): the read-only EROFS filesystem on the
-//! VMM's block device, under an overlayfs whose upper layer is a tmpfs of
+//! VMM's block device (or a host directory the VMM serves over virtio-fs,
+//! `mvm run --rootfs DIR`), under an overlayfs whose upper layer is a tmpfs of
 //! the scratch size (or, for a named sandbox, the ext2 filesystem on its
 //! own disk, made on first use: docs/sandboxes.md), becomes `/` for init
 //! and everything it starts.
@@ -16,7 +17,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::ptr;
 
-use crate::cmdline::RootParam;
+use crate::cmdline::{RootLower, RootParam};
 use crate::error::Error;
 use crate::mounts::ensure_dir;
 
@@ -49,7 +50,13 @@ pub fn enter(root: &RootParam, on_disk: bool) -> Result<(), Error> {
     // privileges (no_new_privs already stops it; this is the second lock).
     // nodev: device nodes in the image open nothing.
     let locked = libc::MS_NOSUID | libc::MS_NODEV;
-    mount(DISK, LOWER, c"erofs", locked | libc::MS_RDONLY, None)?;
+    match &root.lower {
+        RootLower::Disk => mount(DISK, LOWER, c"erofs", locked | libc::MS_RDONLY, None)?,
+        RootLower::Share(tag) => {
+            let tag = CString::new(tag.as_str()).expect("a checked tag has no NUL");
+            mount(&tag, LOWER, c"virtiofs", locked | libc::MS_RDONLY, None)?
+        }
+    }
     if on_disk {
         let disk = crate::sandbox_disk::prepare()?;
         mount(&disk, SCRATCH, c"ext2", locked, None)?;

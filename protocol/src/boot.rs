@@ -44,7 +44,9 @@ pub const MAX_TAG_LEN: usize = 36;
 /// `mvm.root=<device>,erofs,<scratch bytes>`: the guest's root is the
 /// read-only EROFS filesystem on block device `/dev/<device>`, under an
 /// overlayfs whose upper layer is a tmpfs of at most `<scratch bytes>`
-/// (docs/images.md). Absent: the initramfs is the root.
+/// (docs/images.md); `mvm.root=<tag>,virtiofs,<scratch bytes>`: the same
+/// over the virtio-fs share `<tag>` (a host directory) instead. Absent:
+/// the initramfs is the root.
 pub const ROOT_PARAM: &str = "mvm.root";
 /// The block device the VMM attaches the image root as: the first (and
 /// only) virtio-blk device.
@@ -183,20 +185,34 @@ impl MountParam {
 }
 
 /// The image root as `mvm.root` carries it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RootParam {
+    /// What lies under the overlay.
+    pub lower: RootLower,
     /// Most bytes the command may write anywhere in the root (the
     /// overlay's tmpfs upper layer; it counts against guest memory).
     pub scratch_bytes: u64,
 }
 
+/// The root's read-only lower layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootLower {
+    /// The EROFS image on block device [`ROOT_DEVICE`]: `vda,erofs,N`.
+    Disk,
+    /// A host directory the VMM serves over virtio-fs, mounted by its tag
+    /// (`mvm run --rootfs DIR`): `TAG,virtiofs,N`.
+    Share(String),
+}
+
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RootProblem {
-    #[error("expected <device>,erofs,<scratch bytes>")]
+    #[error("expected <device>,erofs,<scratch bytes> or <tag>,virtiofs,<scratch bytes>")]
     Fields,
     #[error("the device must be {ROOT_DEVICE}")]
     Device,
-    #[error("the filesystem must be erofs")]
+    #[error("the tag must be 1 to {MAX_TAG_LEN} of A-Z a-z 0-9 _ -")]
+    Tag,
+    #[error("the filesystem must be erofs or virtiofs")]
     Fstype,
     #[error("the scratch size must be a number of bytes above 0")]
     Scratch,
@@ -205,23 +221,30 @@ pub enum RootProblem {
 impl RootParam {
     /// The whole `mvm.root=...` kernel parameter.
     pub fn to_param(&self) -> String {
-        format!("{ROOT_PARAM}={ROOT_DEVICE},erofs,{}", self.scratch_bytes)
+        match &self.lower {
+            RootLower::Disk => format!("{ROOT_PARAM}={ROOT_DEVICE},erofs,{}", self.scratch_bytes),
+            RootLower::Share(tag) => format!("{ROOT_PARAM}={tag},virtiofs,{}", self.scratch_bytes),
+        }
     }
 
     /// Decodes one `mvm.root` value (after the `=`).
     pub fn decode(value: &str) -> Result<Self, RootProblem> {
         let fields: Vec<&str> = value.split(',').collect();
-        let [device, fstype, scratch] = fields[..] else {
+        let [source, fstype, scratch] = fields[..] else {
             return Err(RootProblem::Fields);
         };
-        if device != ROOT_DEVICE {
-            return Err(RootProblem::Device);
-        }
-        if fstype != "erofs" {
-            return Err(RootProblem::Fstype);
-        }
+        let lower = match fstype {
+            "erofs" if source == ROOT_DEVICE => RootLower::Disk,
+            "erofs" => return Err(RootProblem::Device),
+            "virtiofs" if tag_is_valid(source) => RootLower::Share(source.to_string()),
+            "virtiofs" => return Err(RootProblem::Tag),
+            _ => return Err(RootProblem::Fstype),
+        };
         match scratch.parse::<u64>() {
-            Ok(n) if n > 0 => Ok(Self { scratch_bytes: n }),
+            Ok(n) if n > 0 => Ok(Self {
+                lower,
+                scratch_bytes: n,
+            }),
             _ => Err(RootProblem::Scratch),
         }
     }
@@ -278,13 +301,22 @@ mod tests {
     #[test]
     fn a_root_param_the_vmm_writes_is_what_guest_init_reads() {
         let root = RootParam {
+            lower: RootLower::Disk,
             scratch_bytes: 256 << 20,
         };
         let param = root.to_param();
         assert_eq!(param, "mvm.root=vda,erofs,268435456");
         let value = param.strip_prefix("mvm.root=").unwrap();
         assert_eq!(RootParam::decode(value), Ok(root));
+        let dir = RootParam {
+            lower: RootLower::Share("mvm0".into()),
+            scratch_bytes: 1 << 20,
+        };
+        assert_eq!(dir.to_param(), "mvm.root=mvm0,virtiofs,1048576");
+        assert_eq!(RootParam::decode("mvm0,virtiofs,1048576"), Ok(dir));
         assert_eq!(RootParam::decode("vdb,erofs,1"), Err(RootProblem::Device));
+        assert_eq!(RootParam::decode(",virtiofs,1"), Err(RootProblem::Tag));
+        assert_eq!(RootParam::decode("a b,virtiofs,1"), Err(RootProblem::Tag));
         assert_eq!(RootParam::decode("vda,ext4,1"), Err(RootProblem::Fstype));
         assert_eq!(RootParam::decode("vda,erofs,0"), Err(RootProblem::Scratch));
         assert_eq!(RootParam::decode("vda,erofs,-1"), Err(RootProblem::Scratch));

@@ -133,6 +133,7 @@ mod tests {
     #[test]
     fn what_the_host_encodes_the_guest_decodes() {
         let root = RootParam {
+            lower: crate::boot::RootLower::Share("mvm2".into()),
             scratch_bytes: 256 << 20,
         };
         let mounts = [

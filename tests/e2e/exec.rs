@@ -95,7 +95,15 @@ fn output_just_before_exit_is_not_lost() {
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn timeout_destroys_the_vm_with_124() {
     let run = mvm(
-        &["run", "--print-stats", "--timeout", "2", "--", "sleep", "100"],
+        &[
+            "run",
+            "--print-stats",
+            "--timeout",
+            "2",
+            "--",
+            "sleep",
+            "100",
+        ],
         b"",
     );
     assert_eq!(run.code, Some(124));

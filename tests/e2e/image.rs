@@ -472,3 +472,80 @@ fn a_long_import_shows_progress_on_a_terminal_only() {
         let _ = std::fs::remove_dir_all(work_dir().join(d));
     }
 }
+
+/// `--rootfs DIR`: a root filesystem directory on the test host (a static
+/// busybox and a marker file made by the setup script, with a nonce, so
+/// the guest can only read it from there), served through virtiofsd under
+/// the same overlay as an image, with the workspace shared inside it. As
+/// guest root, so that its writes to the image's /etc may land (above).
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_directory_is_the_root_under_the_overlay() {
+    let nonce = format!("{:x}", std::process::id() as u64 * 7919 + 17);
+    let setup = format!(
+        "rm -rf /run/tmp/rd && mkdir -p /run/tmp/rd/bin /run/tmp/rd/etc /run/tmp/rd/workspace \
+         && cp /bin/busybox /run/tmp/rd/bin/ && ln -s busybox /run/tmp/rd/bin/sh \
+         && echo {nonce} > /run/tmp/rd/etc/marker && chmod 0644 /run/tmp/rd/etc/marker"
+    );
+    let script = "busybox cat /etc/marker; busybox stat -c owner=%u /etc/marker; \
+                  echo overlay > /etc/marker && busybox cat /etc/marker; \
+                  echo new > /created && busybox cat /created; \
+                  busybox test -f /workspace/Cargo.toml && echo workspace-inside; \
+                  busybox grep -q ' / overlay ' /proc/mounts && echo root-is-overlay";
+    let after = "echo \"host-marker:$(cat /run/tmp/rd/etc/marker)\"; \
+                 test -e /run/tmp/rd/created && echo host-created || echo host-clean; \
+                 rm -rf /run/tmp/rd";
+    let run = mvm_with(
+        &Options {
+            setup: Some(&setup),
+            after: Some(after),
+            ..Options::default()
+        },
+        &[
+            "run",
+            "--rootfs",
+            "/run/tmp/rd",
+            "--root",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    // The directory's file (its nonce), owned as on the host (the root
+    // caller's 0: not mapped to the command's uid as a share's files are).
+    assert_eq!(lines.first(), Some(&nonce.as_str()), "{}", run.stdout);
+    assert!(lines.contains(&"owner=0"), "{}", run.stdout);
+    // Writes land above: read back in the guest, absent on the host.
+    assert!(lines.contains(&"overlay"), "{}", run.stdout);
+    assert!(lines.contains(&"new"), "{}", run.stdout);
+    assert!(lines.contains(&"workspace-inside"), "{}", run.stdout);
+    assert!(lines.contains(&"root-is-overlay"), "{}", run.stdout);
+    let after = run.after_lines();
+    assert!(
+        after.contains(&format!("host-marker:{nonce}").as_str()),
+        "{after:?}"
+    );
+    assert!(after.contains(&"host-clean"), "{after:?}");
+}
+
+/// A --rootfs that is neither a readable file nor a directory, and the
+/// host's own root: one line each, exit 125, before anything starts.
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_bad_directory_root_is_one_line_and_exit_125() {
+    for (rootfs, says) in [
+        (
+            "/nonexistent/root",
+            "cannot read the root image /nonexistent/root",
+        ),
+        ("/", "--rootfs: / is the root directory"),
+    ] {
+        let (code, _, stderr) = mvm_here(&["run", "--rootfs", rootfs, "--", "true"]);
+        assert_eq!(code, 125, "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}

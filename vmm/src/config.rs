@@ -35,6 +35,9 @@ pub struct VmConfig {
     /// The image root: a read-only virtio-blk disk; None keeps the
     /// initramfs as the root.
     pub root_disk: Option<RootDisk>,
+    /// The root from a host directory instead (`--rootfs DIR`): the share
+    /// at [`ROOT_GUEST_PATH`] in `shares` is its lower layer.
+    pub root_dir: Option<RootDir>,
     /// A named sandbox's disk (a file of its whole capacity): a writable
     /// virtio-blk disk that holds the image root's upper layer.
     pub sandbox_disk: Option<PathBuf>,
@@ -50,6 +53,27 @@ pub struct VmConfig {
 pub struct RootDisk {
     pub path: PathBuf,
     pub scratch_bytes: u64,
+}
+
+/// A host directory, served read-only over virtio-fs, that the guest
+/// mounts as the lower layer of its root, with `scratch_bytes` of tmpfs
+/// above it: the same overlay as [`RootDisk`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootDir {
+    pub scratch_bytes: u64,
+}
+
+/// The guest path of the share that is the root's lower layer
+/// ([`RootDir`]): no share the user names can have it (`/` is refused as
+/// a guest path), and guest-init mounts it under the overlay, not here.
+pub const ROOT_GUEST_PATH: &str = "/";
+
+impl VmConfig {
+    /// Whether the guest's root is an image (a disk or a directory)
+    /// rather than the initramfs.
+    pub fn has_image_root(&self) -> bool {
+        self.root_disk.is_some() || self.root_dir.is_some()
+    }
 }
 
 /// One virtio-fs device: its backend (virtiofsd, started by the caller)

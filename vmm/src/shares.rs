@@ -155,6 +155,24 @@ pub fn plan(wanted: &Wanted) -> Result<Vec<Share>, Error> {
     Ok(shares)
 }
 
+/// `--rootfs DIR`: the directory as the root's read-only lower layer (a
+/// share at [`crate::config::ROOT_GUEST_PATH`]), opened and checked as
+/// every share is: `/`, the home directory and the directories above it
+/// only with `allow_home`.
+pub fn root_dir(dir: &Path, home: Option<&Path>, allow_home: bool) -> Result<Share, Error> {
+    let (host, fd) = open_host_dir(dir)?;
+    if let Some(what) = danger(&host, home).filter(|_| !allow_home) {
+        return Err(Error::Dangerous(host.display().to_string(), what));
+    }
+    Ok(Share {
+        host,
+        dir: Arc::new(fd),
+        guest: crate::config::ROOT_GUEST_PATH.into(),
+        read_only: true,
+        guard: false,
+    })
+}
+
 /// `HOST:GUEST`, `HOST:GUEST:ro` or `HOST:GUEST:rw`. HOST may itself hold
 /// colons; GUEST may not.
 fn parse_mount(spec: &str) -> Result<(&str, &str, bool), Error> {
@@ -331,6 +349,33 @@ mod tests {
         assert!(parse_mount(":/b").is_err());
         assert!(parse_mount("/a:").is_err());
         assert!(parse_mount("/a:rw").is_err());
+    }
+
+    #[test]
+    fn a_root_directory_is_a_read_only_share_at_the_root_and_never_home() {
+        let dir = std::env::temp_dir().join(format!("mvm-root-dir-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("etc")).unwrap();
+        let share = root_dir(&dir, None, false).unwrap();
+        assert_eq!(share.guest, crate::config::ROOT_GUEST_PATH);
+        assert!(share.read_only && !share.guard);
+        assert_eq!(share.host, dir.canonicalize().unwrap());
+        // The same directory as the caller's home, and `/`: refused
+        // unless asked for.
+        let home = dir.canonicalize().unwrap();
+        assert!(matches!(
+            root_dir(&dir, Some(&home), false),
+            Err(Error::Dangerous(_, "your home directory"))
+        ));
+        assert!(root_dir(&dir, Some(&home), true).is_ok());
+        assert!(matches!(
+            root_dir(Path::new("/"), None, false),
+            Err(Error::Dangerous(_, "the root directory"))
+        ));
+        assert!(matches!(
+            root_dir(&dir.join("absent"), None, false),
+            Err(Error::Missing(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -254,6 +254,7 @@ fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
             path: disk_path.clone(),
             scratch_bytes: 1 << 20,
         }),
+        root_dir: None,
         sandbox_disk: None,
         free_page_reporting: true,
     };
@@ -682,6 +683,7 @@ fn a_broken_virtio_fs_queue_stops_the_vm_and_virtiofsd_with_one_line() {
             read_only: true,
         }],
         root_disk: None,
+        root_dir: None,
         sandbox_disk: None,
         free_page_reporting: false,
     };

@@ -30,6 +30,7 @@ fn config(kernel: &vmm_sys_util::tempfile::TempFile, vcpus: u8) -> VmConfig {
         vsock: None,
         shares: Vec::new(),
         root_disk: None,
+        root_dir: None,
         sandbox_disk: None,
         free_page_reporting: false,
     }

@@ -63,7 +63,9 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         // A machine restored from a template may have read another
         // image's first blocks (the kernel's partition scan at probe):
         // whatever is cached of the disk goes before it is mounted.
-        flush_disk().map_err(SetupError::FlushDisk)?;
+        if root.lower == cmdline::RootLower::Disk {
+            flush_disk().map_err(SetupError::FlushDisk)?;
+        }
         rootfs::enter(&root, setup.upper_on_disk)?;
         // Before the shares, which may lie inside it: /root keeps its mode.
         mounts::ensure_dir(c"/root", 0o700)?;

@@ -17,7 +17,7 @@ use super::request::machine_setup;
 use super::run::RunArgs;
 use super::template::{self, Creating, Plan};
 use super::{beside_binary, confine_vmm, setup_failure, Failure, VmArgs};
-use crate::config::{FsShare, VmConfig, VsockConfig};
+use crate::config::{FsShare, VmConfig, VsockConfig, ROOT_GUEST_PATH};
 use crate::console::{Capped, ConsoleOutput};
 use crate::egress::Egress;
 use crate::machine::{boot, Machine};
@@ -276,6 +276,12 @@ fn start_backend(
     request: &ExecRequest,
 ) -> Result<(Virtiofsd, FsShare), Failure> {
     let socket = dir.path().join(format!("fs{index}.sock"));
+    // A root directory's files keep their owners (root's stay root's); a
+    // share's files show as the command's own.
+    let (guest_uid, guest_gid) = match share.guest == ROOT_GUEST_PATH {
+        true => (session::dir::current_uid(), session::dir::current_gid()),
+        false => (request.uid, request.gid),
+    };
     let backend = virtiofsd::spawn(&virtiofsd::Request {
         binary,
         shared_dir: &share.dir,
@@ -286,8 +292,8 @@ fn start_backend(
         log: &dir.path().join(format!("fs{index}.log")),
         uid: session::dir::current_uid(),
         gid: session::dir::current_gid(),
-        guest_uid: request.uid,
-        guest_gid: request.gid,
+        guest_uid,
+        guest_gid,
     })
     .map_err(setup_failure)?;
     Ok((

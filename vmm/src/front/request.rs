@@ -6,63 +6,80 @@ use std::fs::File;
 use std::path::PathBuf;
 
 use mvm_image::ImageConfig;
-use mvm_protocol::boot::{MountParam, RootParam};
+use mvm_protocol::boot::{MountParam, RootLower, RootParam};
 use mvm_protocol::{ExecRequest, Setup, SETUP_ENTROPY_BYTES};
 
 use super::run::RunArgs;
 use super::{setup_failure, Failure};
-use crate::config::{RootDisk, VmConfig};
+use crate::config::{RootDisk, VmConfig, ROOT_GUEST_PATH};
 use crate::session::{self, terminal};
 use crate::shares::WORKSPACE_GUEST_PATH;
 
-/// The image root the options ask for, its file checked readable before
-/// anything is started.
-pub(super) fn root_disk(
-    path: Option<PathBuf>,
+/// The image root's writable layer: `--scratch`, else half of the
+/// guest's memory; refused without a root to write to.
+pub(super) fn scratch_bytes(
+    has_root: bool,
     scratch: Option<&str>,
     mem_size: u64,
-) -> Result<Option<RootDisk>, Failure> {
-    let Some(path) = path else {
-        return match scratch {
-            None => Ok(None),
-            Some(_) => Err(setup_failure(
-                "--scratch sizes the image root's writable layer: use it with --image or --rootfs",
-            )),
-        };
-    };
+) -> Result<Option<u64>, Failure> {
+    match (has_root, scratch) {
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(setup_failure(
+            "--scratch sizes the image root's writable layer: use it with --image or --rootfs",
+        )),
+        (true, None) => Ok(Some(mem_size / 2)),
+        (true, Some(text)) => match crate::config::parse_size(text) {
+            Ok(n) if n >= crate::config::MIB => Ok(Some(n)),
+            _ => Err(setup_failure(format!(
+                "--scratch '{text}' is not a size of at least 1M (e.g. 512M or 2G)"
+            ))),
+        },
+    }
+}
+
+/// The image root's disk, its file checked readable before anything is
+/// started.
+pub(super) fn root_disk(path: PathBuf, scratch_bytes: u64) -> Result<RootDisk, Failure> {
     File::open(&path).map_err(|e| {
         setup_failure(format!(
-            "cannot read the root image {}: {e} (pass an EROFS image file to --rootfs)",
+            "cannot read the root image {}: {e} (pass an EROFS image file or a directory to --rootfs)",
             path.display()
         ))
     })?;
-    let scratch_bytes = match scratch {
-        None => mem_size / 2,
-        Some(text) => match crate::config::parse_size(text) {
-            Ok(n) if n >= crate::config::MIB => n,
-            _ => {
-                return Err(setup_failure(format!(
-                    "--scratch '{text}' is not a size of at least 1M (e.g. 512M or 2G)"
-                )))
-            }
-        },
-    };
-    Ok(Some(RootDisk {
+    Ok(RootDisk {
         path,
         scratch_bytes,
-    }))
+    })
 }
 
 /// What the guest mounts before the command: the root disk and the
 /// shares `config` attaches, with fresh entropy (the clock is read when
 /// the request is sent).
 pub(super) fn machine_setup(config: &VmConfig) -> Result<Setup, Failure> {
-    let root = config.root_disk.as_ref().map(|d| RootParam {
-        scratch_bytes: d.scratch_bytes,
-    });
+    let root_share = config
+        .shares
+        .iter()
+        .find(|s| s.guest_path == ROOT_GUEST_PATH);
+    let root = match (&config.root_disk, &config.root_dir, root_share) {
+        (Some(disk), _, _) => Some(RootParam {
+            lower: RootLower::Disk,
+            scratch_bytes: disk.scratch_bytes,
+        }),
+        (None, Some(dir), Some(share)) => Some(RootParam {
+            lower: RootLower::Share(share.tag.clone()),
+            scratch_bytes: dir.scratch_bytes,
+        }),
+        (None, Some(_), None) => {
+            return Err(setup_failure(
+                "internal error: a directory root without its share",
+            ))
+        }
+        (None, None, _) => None,
+    };
     let mounts: Vec<MountParam> = config
         .shares
         .iter()
+        .filter(|s| s.guest_path != ROOT_GUEST_PATH)
         .map(|s| MountParam {
             tag: s.tag.clone(),
             read_only: s.read_only,
@@ -177,6 +194,69 @@ pub const UNPRIVILEGED_GUEST_ID: u32 = 1000;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config_with(shares: &[(&str, &str)]) -> VmConfig {
+        VmConfig {
+            kernel: PathBuf::from("/nonexistent/vmlinux"),
+            initrd: None,
+            cmdline: String::new(),
+            vcpus: 1,
+            mem_size: 512 << 20,
+            vsock: None,
+            shares: shares
+                .iter()
+                .map(|(tag, guest)| crate::config::FsShare {
+                    tag: tag.to_string(),
+                    socket: PathBuf::from("/nonexistent"),
+                    guest_path: guest.to_string(),
+                    read_only: true,
+                })
+                .collect(),
+            root_disk: None,
+            root_dir: None,
+            sandbox_disk: None,
+            free_page_reporting: false,
+        }
+    }
+
+    #[test]
+    fn a_directory_root_is_the_overlay_over_its_share_and_not_a_mount() {
+        let mut config = config_with(&[("mvm0", ROOT_GUEST_PATH), ("mvm1", "/workspace")]);
+        config.root_dir = Some(crate::config::RootDir {
+            scratch_bytes: 1 << 20,
+        });
+        let setup = machine_setup(&config).unwrap();
+        assert_eq!(
+            setup.root_param().unwrap(),
+            Some(RootParam {
+                lower: RootLower::Share("mvm0".into()),
+                scratch_bytes: 1 << 20
+            })
+        );
+        let mounts = setup.mount_params().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].tag, "mvm1");
+        // Control: without the root, both are mounts and there is no root.
+        let plain = machine_setup(&config_with(&[("mvm0", "/data"), ("mvm1", "/workspace")]));
+        let plain = plain.unwrap();
+        assert_eq!(plain.root_param().unwrap(), None);
+        assert_eq!(plain.mount_params().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn scratch_needs_a_root_and_defaults_to_half_the_memory() {
+        assert_eq!(scratch_bytes(false, None, 512 << 20).unwrap(), None);
+        assert!(scratch_bytes(false, Some("64M"), 512 << 20).is_err());
+        assert_eq!(
+            scratch_bytes(true, None, 512 << 20).unwrap(),
+            Some(256 << 20)
+        );
+        assert_eq!(
+            scratch_bytes(true, Some("64M"), 512 << 20).unwrap(),
+            Some(64 << 20)
+        );
+        assert!(scratch_bytes(true, Some("100K"), 512 << 20).is_err());
+    }
 
     #[test]
     fn a_root_caller_is_unprivileged_in_the_guest_unless_root_is_asked() {

@@ -13,13 +13,13 @@ use mvm_protocol::boot::agent_param;
 use super::command_args::CommandArgs;
 use super::console_tail;
 use super::launch::{launch, Launched, Spec, Templates};
-use super::request::{exec_request, root_disk};
+use super::request::{exec_request, root_disk, scratch_bytes};
 use super::template_save::save_template;
 use super::{
     outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure, Failure, VmArgs,
     BASE_CMDLINE,
 };
-use crate::config::VmConfig;
+use crate::config::{RootDir, VmConfig};
 use crate::exit_code;
 use crate::machine::Outcome;
 use crate::session::{self, signals, terminal, SessionDir};
@@ -94,9 +94,10 @@ pub struct RunArgs {
     pub insecure_registry: Vec<String>,
     #[command(flatten)]
     pub egress: super::egress::EgressArgs,
-    /// Boot with this EROFS image (a file) as the guest's read-only root,
-    /// under the same writable overlay as --image
-    #[arg(long, value_name = "FILE")]
+    /// Boot with this root instead of an image: an EROFS image file, or a
+    /// directory (an unpacked root filesystem, served read-only through
+    /// virtiofsd), under the same writable overlay as --image
+    #[arg(long, value_name = "FILE|DIR")]
     pub rootfs: Option<PathBuf>,
     /// Most bytes the command may write to the image root (kept in guest
     /// memory, gone when the VM ends) [default: half of --memory]
@@ -170,7 +171,16 @@ pub(super) fn plan_machine(vm: &VmArgs, run: &RunArgs) -> Result<Machine, Failur
     let mut config = vm.vm_config(cmdline)?;
     // The shares, then KVM, kernel and initramfs: cheap checks, made
     // before an image pull or conversion that would be in vain.
-    let shares = plan_shares(run)?;
+    let mut shares = plan_shares(run)?;
+    // A directory root is one more share, the first: served before the
+    // others, which may lie inside it.
+    let root_dir = match &run.rootfs {
+        Some(dir) if dir.is_dir() => Some(
+            shares::root_dir(dir, shares::home_dir().as_deref(), run.allow_home_share)
+                .map_err(|e| setup_failure(format!("--rootfs: {e}")))?,
+        ),
+        _ => None,
+    };
     preflight(&config)?;
     front.mark("shares and kvm checked");
     // --rootfs names the root itself; `none` is the initramfs alone.
@@ -182,7 +192,17 @@ pub(super) fn plan_machine(vm: &VmArgs, run: &RunArgs) -> Result<Machine, Failur
         .as_ref()
         .map(|i| i.rootfs.clone())
         .or(run.rootfs.clone());
-    config.root_disk = root_disk(rootfs, run.scratch.as_deref(), config.mem_size)?;
+    let scratch = scratch_bytes(rootfs.is_some(), run.scratch.as_deref(), config.mem_size)?;
+    match (rootfs, scratch, root_dir) {
+        (Some(_), Some(scratch_bytes), Some(share)) => {
+            config.root_dir = Some(RootDir { scratch_bytes });
+            shares.insert(0, share);
+        }
+        (Some(path), Some(scratch_bytes), None) => {
+            config.root_disk = Some(root_disk(path, scratch_bytes)?);
+        }
+        _ => {}
+    }
     Ok(Machine {
         config,
         image: image.map(|i| i.config),
@@ -217,7 +237,7 @@ fn run_in_vm(
         args,
         argv,
         !args.no_workspace,
-        config.root_disk.is_some(),
+        config.has_image_root(),
         image,
     )?;
     let mem_size = config.mem_size;

@@ -363,6 +363,7 @@ mod tests {
             vsock: None,
             shares: Vec::new(),
             root_disk: None,
+            root_dir: None,
         }
     }
 

@@ -83,6 +83,7 @@ impl VmArgs {
             vsock: None,
             shares: Vec::new(),
             root_disk: None,
+            root_dir: None,
         })
     }
 

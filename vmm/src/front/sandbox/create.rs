@@ -37,7 +37,7 @@ pub fn create(name: &str, options: &CreateArgs, args: Vec<String>) -> Result<i32
     // Everything a run checks (shares, KVM, kernel) and the image pulled
     // and converted, here where its progress can be seen.
     let machine = plan_machine(&options.vm, &options.run)?;
-    let image_root = machine.config.root_disk.is_some();
+    let image_root = machine.config.has_image_root();
     let cwd = std::env::current_dir()
         .map_err(|e| setup_failure(format!("cannot read the current directory: {e}")))?;
     let record = Record {

@@ -86,7 +86,7 @@ fn supervise_claimed(
         shares,
         mut front,
     } = plan_machine(vm, run)?;
-    if config.root_disk.is_some() {
+    if config.has_image_root() {
         let disk = paths.disk_path();
         if !disk.is_file() {
             return Err(setup_failure(format!(
@@ -102,7 +102,7 @@ fn supervise_claimed(
         run,
         Vec::new(),
         !run.no_workspace,
-        config.root_disk.is_some(),
+        config.has_image_root(),
         image.as_ref(),
     )?;
     request.keep_serving = true;
