@@ -5,6 +5,7 @@
 # the default image) are cached under $(MVM_CACHE) and reused across clean
 # clones; everything else lands in build/ (ignored by git):
 #   build/bin/mvm                  the VMM (static)
+#   build/bin/mvm-oci              a link to it: the OCI runtime command line
 #   build/libexec/mvm/virtiofsd    virtio-fs backend mvm spawns (static,
 #                                  virtiofsd/: the virtiofsd crate behind
 #                                  mvm's guard, scripts/build-virtiofsd.sh)
@@ -62,6 +63,7 @@ $(RELEASE)/mvm $(RELEASE)/mvm-init $(RELEASE)/mvm-egress: $(CARGO_SRCS)
 $(MVM): $(RELEASE)/mvm
 	@mkdir -p $(dir $@)
 	cp $< $@
+	ln -sf mvm $(dir $@)mvm-oci
 
 $(EGRESS): $(RELEASE)/mvm-egress
 	@mkdir -p $(dir $@)

@@ -110,6 +110,10 @@ pub enum Command {
         #[command(subcommand)]
         command: front::snapshot_cmd::SnapshotCommand,
     },
+    /// The OCI runtime command line containerd's runc shim drives: each
+    /// container in its own microVM (also installed as `mvm-oci`, for the
+    /// shim's BinaryName; docs/kubernetes.md)
+    Oci(front::oci::OciArgs),
 }
 
 fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
@@ -135,7 +139,22 @@ fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
         Command::Supervise { name } => front::sandbox::supervise(&name),
         Command::Image { command } => front::image::command(&command),
         Command::Snapshot { command } => front::snapshot_cmd::command(&command),
+        Command::Oci(args) => front::oci::command(&args),
     }
+}
+
+/// The process's arguments; called as `mvm-oci` (a link to mvm, for a
+/// shim that runs one binary with runc's arguments), `mvm oci`'s.
+fn arguments(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<_> = args.collect();
+    let as_oci = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|name| name == "mvm-oci");
+    if as_oci {
+        args.insert(1, "oci".into());
+    }
+    args
 }
 
 /// Parses the process arguments, runs, and returns the exit code.
@@ -146,7 +165,7 @@ pub fn main() -> i32 {
         eprintln!("mvm: cannot close inherited file descriptors: {e}");
         return exit_code::SETUP_FAILED;
     }
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(arguments(std::env::args_os())) {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() {
@@ -174,6 +193,43 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("mvm").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn called_as_mvm_oci_it_parses_runc_arguments() {
+        let words = |w: &[&str]| w.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let args = arguments(
+            words(&[
+                "/usr/local/bin/mvm-oci",
+                "--root",
+                "/run/x",
+                "--log",
+                "/l.json",
+                "--log-format",
+                "json",
+                "--systemd-cgroup",
+                "create",
+                "--bundle",
+                "/b",
+                "--pid-file",
+                "/p",
+                "c1",
+            ])
+            .into_iter(),
+        );
+        let Command::Oci(oci) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("not oci")
+        };
+        assert_eq!(oci.root.as_deref(), Some(std::path::Path::new("/run/x")));
+        assert!(matches!(
+            oci.command,
+            front::oci::OciCommand::Create { ref id, .. } if id == "c1"
+        ));
+        // Called as mvm, nothing is added.
+        assert_eq!(
+            arguments(words(&["mvm", "run"]).into_iter()),
+            words(&["mvm", "run"])
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod egress;
 mod failure;
 pub mod image;
 mod launch;
+pub mod oci;
 mod request;
 mod root_file;
 pub mod run;

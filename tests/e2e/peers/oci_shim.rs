@@ -1,0 +1,140 @@
+//! What containerd's runc shim does with a runtime, for one container:
+//! it becomes a child subreaper, runs `RUNTIME create` with its own pipes
+//! as the container's stdout and stderr, reads the pid file, `start`s the
+//! container, waits for that pid (its child now, as the shim's is) and
+//! reads the container's exit status and output, then `delete`s it.
+//! Built with rustc alone (std, statically linked) by tests/e2e/oci.rs and
+//! run in the test host, which has no shell tools for this.
+//!
+//!     oci-shim RUNTIME ROOT BUNDLE ID [SIGNAL]
+//!
+//! With SIGNAL, `kill ID SIGNAL` is sent once the container printed a line
+//! `ready`. Prints `key=value` lines, and the container's output as
+//! `out:LINE`.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+
+extern "C" {
+    fn prctl(option: i32, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> i32;
+    fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
+}
+
+const PR_SET_CHILD_SUBREAPER: i32 = 36;
+
+fn runtime(rt: &str, root: &str, args: &[&str]) -> (i32, String, String) {
+    let log = format!("{root}/log.json");
+    let out = Command::new(rt)
+        .args(["--root", root, "--log", &log, "--log-format", "json"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the runtime");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
+}
+
+fn status_field(state: &str) -> String {
+    // "status": "created", as runc and mvm print it.
+    state
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("\"status\": \""))
+        .map(|s| s.trim_end_matches([',', '"']).to_string())
+        .unwrap_or_else(|| "none".into())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, rt, root, bundle, id, rest @ ..] = &args[..] else {
+        eprintln!("usage: oci-shim RUNTIME ROOT BUNDLE ID [SIGNAL]");
+        std::process::exit(2);
+    };
+    let signal = rest.first();
+    // SAFETY: a plain prctl on this process.
+    assert_eq!(unsafe { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }, 0);
+    let pid_file = format!("{root}/{id}.pid");
+    let log = format!("{root}/log.json");
+    std::fs::create_dir_all(root).unwrap();
+    let mut create = Command::new(rt)
+        .args(["--root", root, "--log", &log, "--log-format", "json"])
+        .args(["create", "--bundle", bundle, "--pid-file", &pid_file, id])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run create");
+    let stdout = create.stdout.take().unwrap();
+    let mut stderr = create.stderr.take().unwrap();
+    let created = create.wait().unwrap();
+    println!("create={}", created.code().unwrap_or(-1));
+    if !created.success() {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        println!("create-stderr={}", text.trim());
+        return;
+    }
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    println!("pid-file={pid}");
+    let (_, state, _) = runtime(rt, root, &["state", id]);
+    println!("state-before-start={}", status_field(&state));
+    println!(
+        "state-pid-matches={}",
+        state.contains(&format!("\"pid\": {pid}"))
+    );
+    let (code, _, err) = runtime(rt, root, &["start", id]);
+    println!("start={code} {err}");
+    let (code, _, err) = runtime(rt, root, &["start", id]);
+    println!("start-again={code} {err}");
+    let (_, state, _) = runtime(rt, root, &["state", id]);
+    println!("state-after-start={}", status_field(&state));
+    let (code, out, _) = runtime(rt, root, &["ps", "--format", "json", id]);
+    println!("ps={code} {}", out.trim());
+    let (code, _, err) = runtime(rt, root, &["exec", "--process", "/p.json", id]);
+    println!("exec={code} {err}");
+    let mut lines = BufReader::new(stdout).lines();
+    if let Some(signal) = signal {
+        for line in lines.by_ref() {
+            let line = line.unwrap_or_default();
+            println!("out:{line}");
+            if line == "ready" {
+                let (code, _, err) = runtime(rt, root, &["kill", id, signal]);
+                println!("kill={code} {err}");
+                break;
+            }
+        }
+    }
+    for line in lines {
+        println!("out:{}", line.unwrap_or_default());
+    }
+    let mut text = String::new();
+    let _ = stderr.read_to_string(&mut text);
+    for line in text.lines() {
+        println!("err:{line}");
+    }
+    let mut status = 0;
+    // SAFETY: waits for the container's process, reparented to us.
+    let waited = unsafe { waitpid(pid, &mut status, 0) };
+    println!("waited={}", waited == pid);
+    if status & 0x7f == 0 {
+        println!("exit={}", (status >> 8) & 0xff);
+    } else {
+        println!("signal={}", status & 0x7f);
+    }
+    let (_, state, _) = runtime(rt, root, &["state", id]);
+    println!("state-after-exit={}", status_field(&state));
+    let (code, _, err) = runtime(rt, root, &["delete", id]);
+    println!("delete={code} {err}");
+    let (code, _, err) = runtime(rt, root, &["state", id]);
+    println!("state-after-delete={code} {err}");
+    println!(
+        "dir-after-delete={}",
+        std::path::Path::new(&format!("{root}/{id}")).exists()
+    );
+}

@@ -1,0 +1,391 @@
+//! A bundle's `config.json` (OCI runtime spec) as the `mvm run` options
+//! that run it: the root directory, the process, the mounts a VM can
+//! honour and the machine's size. What a VM cannot honour is refused with
+//! the reason, or left out where the spec lets a runtime ignore it; both
+//! lists are in docs/kubernetes.md.
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{PosixRlimitType, Spec};
+
+/// Guest memory when `linux.resources.memory.limit` is absent: `mvm run`'s
+/// own default.
+pub const DEFAULT_MEMORY_MIB: u64 = 512;
+/// The least memory the guest kernel boots with (`--memory`'s floor).
+const MIN_MEMORY_MIB: u64 = 64;
+/// The most vCPUs `--cpus` takes.
+const MAX_CPUS: u64 = 32;
+
+/// Mount destinations the guest provides itself (guest-init mounts
+/// them): the bundle's entries for them are left out.
+const GUEST_OWN: &[&str] = &[
+    "/proc",
+    "/sys",
+    "/dev",
+    "/dev/pts",
+    "/dev/shm",
+    "/dev/mqueue",
+    "/sys/fs/cgroup",
+];
+/// Mount types the guest provides itself, wherever they are asked for.
+const GUEST_OWN_TYPES: &[&str] = &["proc", "sysfs", "devpts", "mqueue", "cgroup", "cgroup2"];
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("cannot read {0}: {1}")]
+    Config(String, String),
+    #[error("unsupported ociVersion {0:?}: mvm supports runtime spec 1.x")]
+    Version(String),
+    #[error("config.json has no root: set root.path to the container's root filesystem")]
+    NoRoot,
+    #[error("root.path {0} is not a directory")]
+    RootNotADirectory(String),
+    #[error("config.json has no process, or its args are empty: there is nothing to run")]
+    NoProcess,
+    #[error("process.cwd {0:?} must be an absolute path")]
+    RelativeCwd(String),
+    #[error("process.env entry {0:?} is not KEY=VALUE")]
+    BadEnv(String),
+    #[error("process.terminal is true but no --console-socket was given")]
+    NoConsoleSocket,
+    #[error("hooks are not supported: mvm runs the container in its own kernel, where host hooks cannot act on it")]
+    Hooks,
+    #[error("mount at {0}: type {1:?} is not supported (bind mounts of directories, tmpfs and the guest's own proc, sys and dev are)")]
+    MountType(String, String),
+    #[error("mount at {0}: source {1} does not exist")]
+    MountSource(String, String),
+}
+
+/// What `mvm run` is asked to do for the bundle.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The root filesystem, absolute.
+    pub rootfs: PathBuf,
+    /// `mvm run`'s options and the command after `--`.
+    pub run_args: Vec<String>,
+    pub terminal: bool,
+}
+
+/// Loads `bundle/config.json` and plans the run. `console_socket`: whether
+/// the caller gave one (a terminal needs it).
+pub fn plan(bundle: &Path, console_socket: bool) -> Result<Plan, Error> {
+    let path = bundle.join("config.json");
+    let spec =
+        Spec::load(&path).map_err(|e| Error::Config(path.display().to_string(), e.to_string()))?;
+    plan_spec(&spec, bundle, console_socket)
+}
+
+fn plan_spec(spec: &Spec, bundle: &Path, console_socket: bool) -> Result<Plan, Error> {
+    if !spec.version().starts_with("1.") {
+        return Err(Error::Version(spec.version().clone()));
+    }
+    if spec.hooks().as_ref().is_some_and(|h| !hooks_empty(h)) {
+        return Err(Error::Hooks);
+    }
+    let root = spec.root().as_ref().ok_or(Error::NoRoot)?;
+    let rootfs = bundle.join(root.path());
+    if !rootfs.is_dir() {
+        return Err(Error::RootNotADirectory(rootfs.display().to_string()));
+    }
+    let process = spec.process().as_ref().ok_or(Error::NoProcess)?;
+    let args = process
+        .args()
+        .as_ref()
+        .filter(|a| !a.is_empty())
+        .ok_or(Error::NoProcess)?;
+    let terminal = process.terminal().unwrap_or(false);
+    if terminal && !console_socket {
+        return Err(Error::NoConsoleSocket);
+    }
+    let mut run: Vec<String> = vec![
+        "--rootfs".into(),
+        rootfs.display().to_string(),
+        "--no-workspace".into(),
+        // The container's stdin is whatever the shim gave: forwarded.
+        "--interactive".into(),
+    ];
+    if terminal {
+        run.push("--tty".into());
+    }
+    let (memory_mib, cpus) = size(spec);
+    run.extend(["--memory".into(), format!("{memory_mib}M")]);
+    run.extend(["--cpus".into(), cpus.to_string()]);
+    let cwd = process.cwd().display().to_string();
+    if !cwd.starts_with('/') {
+        return Err(Error::RelativeCwd(cwd));
+    }
+    run.extend(["--workdir".into(), cwd]);
+    let user = process.user();
+    run.extend(["--user".into(), format!("{}:{}", user.uid(), user.gid())]);
+    for item in process.env().iter().flatten() {
+        if !item.contains('=') || item.starts_with('=') {
+            return Err(Error::BadEnv(item.clone()));
+        }
+        run.extend(["--env".into(), item.clone()]);
+    }
+    for limit in process.rlimits().iter().flatten() {
+        // The one limit mvm sets in the guest; the others keep the guest
+        // kernel's defaults (docs/kubernetes.md).
+        if limit.typ() == PosixRlimitType::RlimitNproc {
+            run.extend(["--max-procs".into(), limit.soft().max(1).to_string()]);
+        }
+    }
+    for (source, destination, read_only) in bind_mounts(spec, bundle)? {
+        let mode = if read_only { "ro" } else { "rw" };
+        run.extend([
+            "--mount".into(),
+            format!("{}:{destination}:{mode}", source.display()),
+        ]);
+    }
+    run.push("--".into());
+    run.extend(args.iter().cloned());
+    Ok(Plan {
+        rootfs,
+        run_args: run,
+        terminal,
+    })
+}
+
+fn hooks_empty(hooks: &oci_spec::runtime::Hooks) -> bool {
+    let none = |h: &Option<Vec<oci_spec::runtime::Hook>>| h.as_ref().is_none_or(Vec::is_empty);
+    #[allow(deprecated)]
+    let prestart = hooks.prestart();
+    none(prestart)
+        && none(hooks.create_runtime())
+        && none(hooks.create_container())
+        && none(hooks.start_container())
+        && none(hooks.poststart())
+        && none(hooks.poststop())
+}
+
+/// Guest memory in MiB and vCPUs from `linux.resources`: the memory limit
+/// rounded up to a MiB (at least the guest's floor), the CPU quota over
+/// its period rounded up (1 to 32); absent, `mvm run`'s defaults.
+fn size(spec: &Spec) -> (u64, u64) {
+    let resources = spec.linux().as_ref().and_then(|l| l.resources().as_ref());
+    let memory = resources
+        .and_then(|r| r.memory().as_ref())
+        .and_then(|m| m.limit())
+        .filter(|&l| l > 0)
+        .map(|l| (l as u64).div_ceil(1 << 20).max(MIN_MEMORY_MIB))
+        .unwrap_or(DEFAULT_MEMORY_MIB);
+    let cpus = resources
+        .and_then(|r| r.cpu().as_ref())
+        .and_then(|c| Some((c.quota()?, c.period()?)))
+        .filter(|&(quota, period)| quota > 0 && period > 0)
+        .map(|(quota, period)| (quota as u64).div_ceil(period).clamp(1, MAX_CPUS))
+        .unwrap_or(1);
+    (memory, cpus)
+}
+
+/// The bundle's bind mounts of directories, as (source, destination,
+/// read-only). The guest's own file systems and tmpfs (the guest's /tmp,
+/// /run and /dev/shm are tmpfs already) are left out; a bind mount of a
+/// file (containerd's /etc/hosts, /etc/resolv.conf) is left out too, since
+/// mvm shares directories and the guest has no network to resolve with.
+fn bind_mounts(spec: &Spec, bundle: &Path) -> Result<Vec<(PathBuf, String, bool)>, Error> {
+    let mut binds = Vec::new();
+    for mount in spec.mounts().iter().flatten() {
+        let destination = mount.destination().display().to_string();
+        let typ = mount.typ().clone().unwrap_or_default();
+        let options = mount.options().clone().unwrap_or_default();
+        let bind = typ == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
+        if !bind {
+            if GUEST_OWN.contains(&destination.as_str())
+                || GUEST_OWN_TYPES.contains(&typ.as_str())
+                || typ == "tmpfs"
+            {
+                continue;
+            }
+            return Err(Error::MountType(destination, typ));
+        }
+        let source = mount
+            .source()
+            .as_ref()
+            .map(|s| bundle.join(s))
+            .unwrap_or_default();
+        if !source.exists() {
+            return Err(Error::MountSource(
+                destination,
+                source.display().to_string(),
+            ));
+        }
+        if !source.is_dir() {
+            continue;
+        }
+        binds.push((source, destination, options.iter().any(|o| o == "ro")));
+    }
+    Ok(binds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch bundle with a rootfs directory and `config` as its
+    /// config.json.
+    fn bundle(name: &str, config: &serde_json::Value) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mvm-oci-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("rootfs")).unwrap();
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        std::fs::write(dir.join("hosts"), "").unwrap();
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        dir
+    }
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "root": {"path": "rootfs"},
+            "process": {
+                "args": ["sh", "-c", "echo hi"],
+                "env": ["PATH=/bin", "A=b=c"],
+                "cwd": "/",
+                "user": {"uid": 0, "gid": 0},
+                "rlimits": [{"type": "RLIMIT_NPROC", "hard": 100, "soft": 50}]
+            },
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+                {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup"},
+                {"destination": "/etc/hosts", "type": "bind", "source": "hosts", "options": ["rbind", "ro"]},
+                {"destination": "/data", "type": "bind", "source": "data", "options": ["rbind", "ro"]}
+            ],
+            "linux": {"resources": {
+                "memory": {"limit": 268435457i64},
+                "cpu": {"quota": 150000i64, "period": 100000u64}
+            }}
+        })
+    }
+
+    #[test]
+    fn a_bundle_becomes_the_run_options() {
+        let dir = bundle("plan", &base());
+        let plan = plan(&dir, false).unwrap();
+        let root = dir.join("rootfs").display().to_string();
+        let data = format!("{}:/data:ro", dir.join("data").display());
+        let want: Vec<String> = [
+            "--rootfs",
+            &root,
+            "--no-workspace",
+            "--interactive",
+            "--memory",
+            "257M",
+            "--cpus",
+            "2",
+            "--workdir",
+            "/",
+            "--user",
+            "0:0",
+            "--env",
+            "PATH=/bin",
+            "--env",
+            "A=b=c",
+            "--max-procs",
+            "50",
+            "--mount",
+            &data,
+            "--",
+            "sh",
+            "-c",
+            "echo hi",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(plan.run_args, want);
+        assert!(!plan.terminal);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn defaults_without_resources() {
+        let mut config = base();
+        config["linux"] = serde_json::json!({});
+        let dir = bundle("defaults", &config);
+        let plan = plan(&dir, false).unwrap();
+        let at = |flag: &str| {
+            let i = plan.run_args.iter().position(|a| a == flag).unwrap();
+            plan.run_args[i + 1].clone()
+        };
+        assert_eq!(at("--memory"), "512M");
+        assert_eq!(at("--cpus"), "1");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_bundles_say_what_is_wrong() {
+        type Change = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: Vec<(&str, Change, Error)> = vec![
+            (
+                "version",
+                Box::new(|c| c["ociVersion"] = "2.0.0".into()),
+                Error::Version("2.0.0".into()),
+            ),
+            (
+                "noroot",
+                Box::new(|c| c["root"] = serde_json::Value::Null),
+                Error::NoRoot,
+            ),
+            (
+                "noargs",
+                Box::new(|c| c["process"]["args"] = serde_json::json!([])),
+                Error::NoProcess,
+            ),
+            (
+                "cwd",
+                Box::new(|c| c["process"]["cwd"] = "rel".into()),
+                Error::RelativeCwd("rel".into()),
+            ),
+            (
+                "env",
+                Box::new(|c| c["process"]["env"] = serde_json::json!(["NOEQUALS"])),
+                Error::BadEnv("NOEQUALS".into()),
+            ),
+            (
+                "tty",
+                Box::new(|c| c["process"]["terminal"] = true.into()),
+                Error::NoConsoleSocket,
+            ),
+            (
+                "hooks",
+                Box::new(|c| {
+                    c["hooks"] = serde_json::json!({"poststart": [{"path": "/bin/true"}]})
+                }),
+                Error::Hooks,
+            ),
+            (
+                "mounttype",
+                Box::new(|c| {
+                    c["mounts"] =
+                        serde_json::json!([{"destination": "/x", "type": "nfs", "source": "s"}])
+                }),
+                Error::MountType("/x".into(), "nfs".into()),
+            ),
+        ];
+        for (name, change, want) in cases {
+            let mut config = base();
+            change(&mut config);
+            let dir = bundle(name, &config);
+            assert_eq!(plan(&dir, false), Err(want), "{name}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        // A missing rootfs directory, a missing bind source, a malformed
+        // and a missing config.json.
+        let dir = bundle("norootfs", &base());
+        std::fs::remove_dir_all(dir.join("rootfs")).unwrap();
+        assert!(matches!(
+            plan(&dir, false),
+            Err(Error::RootNotADirectory(_))
+        ));
+        std::fs::create_dir(dir.join("rootfs")).unwrap();
+        std::fs::remove_dir_all(dir.join("data")).unwrap();
+        assert!(matches!(plan(&dir, false), Err(Error::MountSource(d, _)) if d == "/data"));
+        std::fs::write(dir.join("config.json"), "{not json").unwrap();
+        assert!(matches!(plan(&dir, false), Err(Error::Config(..))));
+        std::fs::remove_file(dir.join("config.json")).unwrap();
+        assert!(matches!(plan(&dir, false), Err(Error::Config(..))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
