@@ -20,6 +20,8 @@
 #                                  mvm (+ .json: its run config), which
 #                                  `mvm run --image default` boots
 #   build/testhost/                test-host kernel and initramfs
+#   build/containerd/              Debian's containerd, runc shim, ctr and runc
+#                                  with their libraries, for the e2e suite
 
 export MVM_CACHE ?= $(HOME)/.cache/mvm
 TARGET   := x86_64-unknown-linux-gnu
@@ -37,12 +39,15 @@ EGRESS   := build/libexec/mvm/mvm-egress
 KERNEL   := $(SHARE)/vmlinux
 INITRAMFS := $(SHARE)/initramfs.cpio
 IMAGE    := $(SHARE)/images/debian
+# Debian's containerd, runc shim, ctr and runc with their libraries, for
+# the e2e suite's containerd test in the test host.
+CONTAINERD := build/containerd/versions
 IMAGE_ROOT := $(SHARE)/images/debian.erofs
 TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
-.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-sandbox bench-confine clean
-all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS)
+.PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-sandbox bench-confine bench-containerd clean
+all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS) $(CONTAINERD)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -64,6 +69,9 @@ $(MVM): $(RELEASE)/mvm
 	@mkdir -p $(dir $@)
 	cp $< $@
 	ln -sf mvm $(dir $@)mvm-oci
+
+$(CONTAINERD): scripts/bundle-containerd.sh scripts/ldd-closure.sh build/.deps
+	scripts/bundle-containerd.sh build/containerd
 
 $(EGRESS): $(RELEASE)/mvm-egress
 	@mkdir -p $(dir $@)
@@ -173,6 +181,13 @@ bench-concurrent: all
 bench-sandbox: all
 	scripts/bundle-peers.sh build/peers
 	python3 benches/sandbox.py
+
+# containerd's `ctr run` with mvm's OCI runtime next to runc
+# (docs/benchmarks.md, docs/kubernetes.md). Its timer comes from
+# build/peers.
+bench-containerd: all
+	scripts/bundle-peers.sh build/peers
+	python3 benches/containerd.py
 
 # Start-up cost of the VMM's confinement (docs/benchmarks.md).
 bench-confine: all

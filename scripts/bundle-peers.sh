@@ -47,26 +47,9 @@ rustc --edition 2021 -O -C strip=symbols --target x86_64-unknown-linux-gnu \
     -C target-feature=+crt-static --crate-name exectime \
     "$root/benches/exectime.rs" -o "$tmp/bin/exectime"
 
-# A binary and its whole ldd closure; the loader under its usual name.
-bundle() {
-    local bin=$1 libs lib
-    libs=$(LC_ALL=C ldd "$bin")
-    # A library ldd could not find would fail at run time, far from here.
-    if [[ $libs == *"not found"* ]]; then
-        echo "bundle-peers: $bin has unresolved libraries:" >&2
-        grep 'not found' <<<"$libs" >&2
-        exit 1
-    fi
-    if [[ $libs != *ld-linux-x86-64.so.2* ]]; then
-        echo "bundle-peers: $bin does not use ld-linux-x86-64.so.2" >&2
-        exit 1
-    fi
-    cp -L "$bin" "$tmp/bin/"
-    awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$libs" |
-        while read -r lib; do
-            cp -L "$lib" "$tmp/lib/"
-        done
-}
+# bundle_binary: a binary and its whole ldd closure.
+. "$root/scripts/ldd-closure.sh"
+bundle() { bundle_binary "$1" "$tmp"; }
 
 if qemu=$(command -v qemu-system-x86_64); then
     bundle "$qemu"

@@ -18,9 +18,14 @@
 #     (tests/e2e/registry.rs starts its own on 127.0.0.1)
 #   g++: libFuzzer, which libfuzzer-sys compiles for the fuzz targets
 #     (scripts/fuzz.sh)
+#   containerd runc: containerd (with its runc shim and ctr) runs
+#     containers through mvm's OCI runtime in the e2e suite, with runc as
+#     the baseline next to it (tests/e2e/containerd.rs,
+#     scripts/bundle-containerd.sh)
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
-    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils mmdebstrap uidmap docker-registry g++)
+    libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils mmdebstrap uidmap docker-registry g++
+    containerd runc)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -124,11 +124,13 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
         &[
             ("exit", config(&["sh", "-c", script])),
             ("kill", config(&["sh", "-c", killed])),
+            ("crash", config(&["sh", "-c", killed])),
         ],
     );
     setup.push_str(&format!(
         "{shim} {rt} /run/tmp/oci/root /run/tmp/oci/exit c-exit | sed 's/^/exit:/'\n\
-         {shim} {rt} /run/tmp/oci/root /run/tmp/oci/kill c-kill TERM | sed 's/^/kill:/'\n"
+         {shim} {rt} /run/tmp/oci/root /run/tmp/oci/kill c-kill TERM | sed 's/^/kill:/'\n\
+         {shim} {rt} /run/tmp/oci/root /run/tmp/oci/crash c-crash KILL | sed 's/^/crash:/'\n"
     ));
     let run = call(&setup);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -182,6 +184,15 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
     assert!(kill.contains(&"out:got-term"), "{kill:#?}");
     assert_eq!(value(&kill, "exit"), "7", "{kill:#?}");
     assert_eq!(value(&kill, "delete").trim(), "0");
+
+    // SIGKILL ends the VMM (as a crash of it would): the shim sees the
+    // signal, and the state is stopped at once; the wrapper's leftover
+    // check finds no virtiofsd or session directory behind it.
+    let crash = of("crash:");
+    assert_eq!(value(&crash, "kill").trim(), "0", "{crash:#?}");
+    assert_eq!(value(&crash, "signal"), "9", "{crash:#?}");
+    assert_eq!(value(&crash, "state-after-exit"), "stopped");
+    assert_eq!(value(&crash, "delete").trim(), "0");
 }
 
 #[test]

@@ -267,6 +267,33 @@ fn sweep_stale(base: &Path) {
     }
 }
 
+/// Removes the session directories of process `pid` that no live
+/// session holds the lock of: what a run killed with SIGKILL left, for a
+/// caller that knows that process is gone (`mvm oci delete` after its
+/// container's VMM died). No grace: a process that reused the pid and made
+/// its own directory holds that directory's lock.
+pub fn remove_sessions_of(pid: i32) {
+    remove_sessions_in(&base_dir(), pid);
+}
+
+fn remove_sessions_in(base: &Path, pid: i32) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    let prefix = format!("{pid}-");
+    for entry in entries.flatten() {
+        let ours = entry.file_name().to_string_lossy().starts_with(&prefix);
+        if !ours || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let path = entry.path();
+        let unheld = File::open(path.join(LOCK)).is_ok_and(|lock| try_lock(&lock).unwrap_or(false));
+        if unheld {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +341,26 @@ mod tests {
         drop(dir);
         assert!(!path.exists());
         fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_dead_process_s_sessions_go_and_a_held_one_stays() {
+        let base = scratch("sessions-of");
+        fs::create_dir_all(&base).unwrap();
+        // Two of pid 4242's, one of them held by a live session (a process
+        // that reused the pid), and another pid's.
+        for name in ["4242-a", "4242-b", "42420-c"] {
+            fs::create_dir(base.join(name)).unwrap();
+            File::create(base.join(name).join(LOCK)).unwrap();
+        }
+        let held = File::open(base.join("4242-b").join(LOCK)).unwrap();
+        assert!(try_lock(&held).unwrap());
+        remove_sessions_in(&base, 4242);
+        assert!(!base.join("4242-a").exists());
+        assert!(base.join("4242-b").exists(), "a held session was removed");
+        assert!(base.join("42420-c").exists(), "another pid's was removed");
+        drop(held);
+        let _ = fs::remove_dir_all(&base);
     }
 
     #[test]

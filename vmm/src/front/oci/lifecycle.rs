@@ -331,6 +331,9 @@ pub fn delete(root: &Path, id: &str, force: bool) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+    // A VMM that was killed (or crashed) left its session directory: the
+    // container's files go with the container.
+    crate::session::dir::remove_sessions_of(record.pid);
     fs::remove_dir_all(&c.dir).map_err(|e| format!("cannot remove {}: {e}", c.dir.display()))
 }
 

@@ -1,0 +1,130 @@
+//! containerd for real: Debian's containerd, its runc shim and ctr
+//! (build/containerd, scripts/bundle-containerd.sh) started in the test
+//! host by tests/e2e/peers/containerd.sh, the suite's test image imported
+//! with `ctr image import`, then `ctr run --runc-binary mvm-oci` runs
+//! commands in mvm microVMs through the shim, the way a cluster's
+//! RuntimeClass would (docs/kubernetes.md). Debian's runc, run the same
+//! way on the same image, is the control: what differs is the runtime.
+
+use mvm_e2e::{build_dir, mvm_with, repo_root, Options};
+
+/// ctr with the test's containerd, the image and the runtime `rt`.
+const CTR: &str = "/mvm/containerd/bin/ctr";
+const IMAGE: &str = "mvm-test/layers:layers";
+
+fn run_cmd(rt: &str, id: &str, extra: &str, script: &str) -> String {
+    format!(
+        "{CTR} run --rm --snapshotter native --runc-binary {rt} {extra} {IMAGE} {id} sh -c '{script}'"
+    )
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
+    // The suite's two-layer test image, made here (its own directory: the
+    // image suite remakes its own).
+    let dir = repo_root().join("target/e2e-containerd");
+    let _ = std::fs::remove_dir_all(&dir);
+    let status =
+        std::process::Command::new(repo_root().join("tests/e2e/images/make-test-image.sh"))
+            .arg(&dir)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("run make-test-image.sh");
+    assert!(status.success(), "make-test-image.sh failed");
+    let layout = dir.join("oci");
+    let mvm = "/mvm/bin/mvm-oci";
+    let runc = "/mvm/containerd/bin/runc";
+    // What tells the runtimes apart: mvm's guest kernel has mvm's own
+    // command line; /keep/new is the image's second layer.
+    let probe =
+        "cat /keep/new; uname -r; grep -c mvm.agent /proc/cmdline; echo to-stderr >&2; exit 3";
+    let trap =
+        "trap \"echo got-term; exit 9\" TERM; touch /share/ready; while true; do sleep 1; done";
+    let share = "--mount type=bind,src=/run/tmp/ctd/share,dst=/share,options=rbind:rw";
+    let script = format!(
+        "set -u\n\
+         sh tests/e2e/peers/containerd.sh {layout} || exit 1\n\
+         export CONTAINERD_ADDRESS=/run/tmp/ctd/containerd.sock CONTAINERD_NAMESPACE=mvm\n\
+         mkdir -p /run/tmp/ctd/share\n\
+         {run_mvm} >/run/tmp/ctd/out 2>/run/tmp/ctd/err; echo \"mvm-status=$?\"\n\
+         sed 's/^/mvm-out:/' /run/tmp/ctd/out; sed 's/^/mvm-err:/' /run/tmp/ctd/err\n\
+         {run_runc} >/run/tmp/ctd/out 2>&1; echo \"runc-status=$?\"\n\
+         sed 's/^/runc-out:/' /run/tmp/ctd/out\n\
+         {CTR} run -d --snapshotter native --runc-binary {mvm} {share} {IMAGE} c-kill sh -c '{trap}'\n\
+         i=0; while [ ! -e /run/tmp/ctd/share/ready ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n\
+         echo \"ready=$(test -e /run/tmp/ctd/share/ready && echo yes || echo no)\"\n\
+         {CTR} task ls | grep c-kill | sed 's/^/task-before:/'\n\
+         {CTR} task exec --exec-id e1 c-kill true 2>&1 | sed 's/^/exec:/'\n\
+         {CTR} task kill c-kill; echo \"kill=$?\"\n\
+         i=0; until {CTR} task ls | grep -q 'c-kill.*STOPPED' || [ $i -ge 300 ]; do sleep 0.1; i=$((i+1)); done\n\
+         {CTR} task ls | grep c-kill | sed 's/^/task-after:/'\n\
+         {CTR} task rm c-kill 2>&1 | sed 's/^/task-rm:/'\n\
+         {CTR} container rm c-kill; echo \"container-rm=$?\"\n\
+         echo \"tasks=$({CTR} task ls -q | wc -l) containers=$({CTR} container ls -q | wc -l)\"\n\
+         kill $(cat /run/tmp/ctd/containerd.pid)\n",
+        layout = layout.display(),
+        run_mvm = run_cmd(mvm, "c-mvm", "", probe),
+        run_runc = run_cmd(runc, "c-runc", "", probe),
+    );
+    let run = mvm_with(
+        &Options {
+            setup: Some(&script),
+            testhost_timeout: Some(400),
+            ..Options::default()
+        },
+        &["--version"],
+    );
+    // --version ran, and nothing of mvm's was left behind by the setup's
+    // containers (the wrapper's leftover check).
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines = run.setup_lines();
+    let has = |l: &str| lines.contains(&l);
+    assert!(has("containerd=ready"), "{lines:#?}");
+    let release = std::fs::read_to_string(build_dir().join("share/mvm/kernel.release")).unwrap();
+    // In mvm's VM: the image's file, the guest kernel and its command
+    // line, the command's stderr apart, its exit status through ctr.
+    assert!(has("mvm-status=3"), "{lines:#?}");
+    for want in [
+        "mvm-out:new",
+        &format!("mvm-out:{}", release.trim()),
+        "mvm-out:1",
+        "mvm-err:to-stderr",
+    ] {
+        assert!(has(want), "no {want} in {lines:#?}");
+    }
+    // The control: runc ran the same image with the same ctr, on the test
+    // host's own kernel, whose command line has no mvm.agent.
+    assert!(has("runc-status=3"), "{lines:#?}");
+    assert!(has("runc-out:new") && has("runc-out:0"), "{lines:#?}");
+    // A detached container: running, exec refused, killed (its trap's
+    // status), removed, nothing left.
+    assert!(has("ready=yes"), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("task-before:c-kill") && l.ends_with("RUNNING")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("exec:") && l.contains("exec is not supported yet")),
+        "{lines:#?}"
+    );
+    assert!(has("kill=0"), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("task-after:c-kill") && l.ends_with("STOPPED")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("task-rm:") && l.contains("exit code 9")),
+        "{lines:#?}"
+    );
+    assert!(has("container-rm=0"), "{lines:#?}");
+    assert!(has("tasks=0 containers=0"), "{lines:#?}");
+}
