@@ -253,6 +253,35 @@ def write_result(name, report, hw):
     print(f"bench: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
 
 
+def run_rounds(name, script, keys):
+    """Runs `script` as the setup of ONE test-host call (or directly on a
+    hardware-KVM host), then reads its `LABEL exit MS STATUS ...` lines
+    (exectime, labels FORM.ROUND) and `info KEY VALUE`, `fail ...` lines:
+    (times by form, info, setup lines). Exits with the reasons when the call,
+    a line or a form failed."""
+    env = dict(os.environ, MVM_TESTHOST_SETUP=script, MVM_TESTHOST_TIMEOUT="2400")
+    env.pop("MVM_TESTHOST_AFTER", None)
+    out = subprocess.run([WRAPPER, "--version"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=2500)
+    setup = [line[len(SETUP_PREFIX):] for line in out.stderr.splitlines()
+             if line.startswith(SETUP_PREFIX)]
+    failed = [line for line in setup if line.startswith("fail")]
+    info = dict(line.split(" ", 2)[1:] for line in setup if line.startswith("info "))
+    times = {key: [] for key in keys}
+    for line in setup:
+        parts = line.split()
+        if len(parts) >= 4 and parts[1] == "exit" and "." in parts[0]:
+            form, rnd = parts[0].split(".", 1)
+            if form in times and rnd.isdigit():
+                if parts[3] == "0":
+                    times[form].append(float(parts[2]))
+                else:
+                    failed.append(line)
+    if out.returncode != 0 or failed or any(not v for v in times.values()):
+        sys.exit(f"bench-{name}: the run failed ({out.returncode}): {failed}\n{out.stderr}")
+    return times, info, setup
+
+
 def summary(values):
     v = sorted(values)
     p90 = v[min(len(v) - 1, int(round(0.9 * (len(v) - 1))))]

@@ -26,8 +26,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import (BUILD, PEERS, ROOT, SETUP_PREFIX, WRAPPER, git_version,  # noqa: E402
-                   host_type, write_result)
+from bench import (BUILD, PEERS, ROOT, git_version, host_type, run_rounds,  # noqa: E402
+                   write_result)
 
 ROUNDS = 10
 FORMS = [("runc", "runc"), ("mvm", "mvm-oci (mvm run from a template)")]
@@ -78,27 +78,7 @@ def main():
                           image="mvm-test/layers:layers", rounds=ROUNDS)
     print(f"bench-containerd: {kind}; CPU {model}; {ROUNDS} rounds of runc and mvm",
           file=sys.stderr)
-    env = dict(os.environ, MVM_TESTHOST_SETUP=script, MVM_TESTHOST_TIMEOUT="2400")
-    env.pop("MVM_TESTHOST_AFTER", None)
-    out = subprocess.run([WRAPPER, "--version"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True, timeout=2500)
-    setup = [line[len(SETUP_PREFIX):] for line in out.stderr.splitlines()
-             if line.startswith(SETUP_PREFIX)]
-    failed = [line for line in setup if line.startswith("fail")]
-    info = dict(line.split(" ", 2)[1:] for line in setup if line.startswith("info "))
-    times = {key: [] for key, _ in FORMS}
-    bad = []
-    for line in setup:
-        parts = line.split()
-        if len(parts) >= 4 and parts[1] == "exit" and "." in parts[0]:
-            form, rnd = parts[0].split(".", 1)
-            if form in times and rnd.isdigit():
-                if parts[3] == "0":
-                    times[form].append(float(parts[2]))
-                else:
-                    bad.append(line)
-    if out.returncode != 0 or failed or bad or any(not v for v in times.values()):
-        sys.exit(f"bench-containerd: the run failed ({out.returncode}): {failed + bad}\n{out.stderr}")
+    times, info, _ = run_rounds("containerd", script, [key for key, _ in FORMS])
     med = {key: statistics.median(v) for key, v in times.items()}
     lines = [
         "# mvm: containerd's `ctr run` with mvm's OCI runtime next to runc",

@@ -165,29 +165,11 @@ pub fn alive(pid: i32, recorded_start: u64) -> bool {
     pid > 0 && start_time(pid) == Some(recorded_start)
 }
 
-/// Now as RFC 3339 in UTC, to the second (no time crate for one line).
+/// Now as RFC 3339 in UTC.
 pub fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
 }
 
 #[cfg(test)]
@@ -240,7 +222,7 @@ mod tests {
     #[test]
     fn rfc3339_has_the_shape() {
         let now = now_rfc3339();
-        assert_eq!(now.len(), 20, "{now}");
         assert!(now.starts_with("20") && now.ends_with('Z'), "{now}");
+        assert_eq!(&now[10..11], "T", "{now}");
     }
 }
