@@ -19,9 +19,9 @@
 #   g++: libFuzzer, which libfuzzer-sys compiles for the fuzz targets
 #     (scripts/fuzz.sh)
 #   containerd runc: containerd (with its runc shim and ctr) runs
-#     containers through mvm's OCI runtime in the e2e suite, with runc as
-#     the baseline next to it (tests/e2e/containerd.rs,
-#     scripts/bundle-containerd.sh)
+#     containers through mvm's OCI runtime in the e2e suite
+#     (tests/e2e/containerd.rs, scripts/bundle-containerd.sh); runc is the
+#     baseline `make bench-containerd` measures where it can run
 set -euo pipefail
 packages=(flex bison bc libelf-dev libssl-dev busybox-static cpio qemu-system-x86 xz-utils
     libseccomp-dev libcap-ng-dev bubblewrap skopeo erofs-utils mmdebstrap uidmap docker-registry g++

@@ -3,8 +3,12 @@
 //! host by tests/e2e/peers/containerd.sh, the suite's test image imported
 //! with `ctr image import`, then `ctr run --runc-binary mvm-oci` runs
 //! commands in mvm microVMs through the shim, the way a cluster's
-//! RuntimeClass would (docs/kubernetes.md). Debian's runc, run the same
-//! way on the same image, is the control: what differs is the runtime.
+//! RuntimeClass would (docs/kubernetes.md). The control for "it ran in
+//! mvm's guest" is the test host's own kernel command line, read by the
+//! same script: it has no `mvm.agent`. (runc cannot be the control here:
+//! the test-host kernel lacks the namespaces, cgroup controllers and BPF
+//! it needs, and adding them made the guest of battery check 5 through a
+//! sandbox thrash instead of meeting its OOM killer; docs/testing.md.)
 
 use mvm_e2e::{build_dir, mvm_with, repo_root, Options};
 
@@ -34,7 +38,6 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
     assert!(status.success(), "make-test-image.sh failed");
     let layout = dir.join("oci");
     let mvm = "/mvm/bin/mvm-oci";
-    let runc = "/mvm/containerd/bin/runc";
     // What tells the runtimes apart: mvm's guest kernel has mvm's own
     // command line; /keep/new is the image's second layer.
     let probe =
@@ -49,8 +52,7 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
          mkdir -p /run/tmp/ctd/share\n\
          {run_mvm} >/run/tmp/ctd/out 2>/run/tmp/ctd/err; echo \"mvm-status=$?\"\n\
          sed 's/^/mvm-out:/' /run/tmp/ctd/out; sed 's/^/mvm-err:/' /run/tmp/ctd/err\n\
-         {run_runc} >/run/tmp/ctd/out 2>&1; echo \"runc-status=$?\"\n\
-         sed 's/^/runc-out:/' /run/tmp/ctd/out\n\
+         echo \"host-cmdline-mvm-agent=$(grep -c mvm.agent /proc/cmdline)\"\n\
          {CTR} run -d --snapshotter native --runc-binary {mvm} {share} {IMAGE} c-kill sh -c '{trap}'\n\
          i=0; while [ ! -e /run/tmp/ctd/share/ready ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n\
          echo \"ready=$(test -e /run/tmp/ctd/share/ready && echo yes || echo no)\"\n\
@@ -65,7 +67,6 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
          kill $(cat /run/tmp/ctd/containerd.pid)\n",
         layout = layout.display(),
         run_mvm = run_cmd(mvm, "c-mvm", "", probe),
-        run_runc = run_cmd(runc, "c-runc", "", probe),
     );
     let run = mvm_with(
         &Options {
@@ -93,10 +94,9 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
     ] {
         assert!(has(want), "no {want} in {lines:#?}");
     }
-    // The control: runc ran the same image with the same ctr, on the test
-    // host's own kernel, whose command line has no mvm.agent.
-    assert!(has("runc-status=3"), "{lines:#?}");
-    assert!(has("runc-out:new") && has("runc-out:0"), "{lines:#?}");
+    // The control: the same grep on the test host's own command line
+    // finds none, so the 1 above is the guest's.
+    assert!(has("host-cmdline-mvm-agent=0"), "{lines:#?}");
     // A detached container: running, exec refused, killed (its trap's
     // status), removed, nothing left.
     assert!(has("ready=yes"), "{lines:#?}");
