@@ -34,6 +34,7 @@ CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol
 
 SHARE    := build/share/mvm
 MVM      := build/bin/mvm
+MVM_OCI  := build/bin/mvm-oci
 VIRTIOFSD := build/libexec/mvm/virtiofsd
 EGRESS   := build/libexec/mvm/mvm-egress
 KERNEL   := $(SHARE)/vmlinux
@@ -47,7 +48,7 @@ TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
 .PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-sandbox bench-confine bench-containerd clean
-all: $(MVM) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS) $(CONTAINERD)
+all: $(MVM) $(MVM_OCI) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS) $(CONTAINERD)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -68,7 +69,10 @@ $(RELEASE)/mvm $(RELEASE)/mvm-init $(RELEASE)/mvm-egress: $(CARGO_SRCS)
 $(MVM): $(RELEASE)/mvm
 	@mkdir -p $(dir $@)
 	cp $< $@
-	ln -sf mvm $(dir $@)mvm-oci
+
+# The OCI runtime's name for containerd's shim (docs/kubernetes.md).
+$(MVM_OCI): | $(MVM)
+	ln -sf mvm $@
 
 $(CONTAINERD): scripts/bundle-containerd.sh scripts/ldd-closure.sh build/.deps
 	scripts/bundle-containerd.sh build/containerd

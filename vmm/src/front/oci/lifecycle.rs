@@ -250,8 +250,11 @@ pub fn start(root: &Path, id: &str) -> Result<(), String> {
         .map_err(|e| format!("container {id} is not waiting to start: {e}"))?;
     fs::write(c.started_marker(), "")
         .map_err(|e| format!("cannot mark container {id} started: {e}"))?;
-    fifo.write_all(&[1])
-        .map_err(|e| format!("cannot start container {id}: {e}"))
+    fifo.write_all(&[1]).map_err(|e| {
+        // Not started after all: its status stays `created`.
+        let _ = fs::remove_file(c.started_marker());
+        format!("cannot start container {id}: {e}")
+    })
 }
 
 /// `SIGTERM`, `TERM` or `15`.
