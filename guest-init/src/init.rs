@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::vmm_port::Ports;
 use crate::{
     agent, cmdline, console, loopback, mounts, power, reap, rootfs, say, shares, shutdown, spawn,
-    status,
+    status, thrash,
 };
 
 /// Runs the whole guest lifetime and ends it with a reboot.
@@ -42,6 +42,9 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     console?;
     dev?;
     mounts::mount_others()?;
+    if let Err(e) = thrash::prevent() {
+        say!("warning: no thrashing prevention (a memory bomb may thrash until --timeout): {e}");
+    }
     let line = std::fs::read("/proc/cmdline").map_err(Error::Cmdline)?;
     let line = String::from_utf8_lossy(&line);
     if let Some(root) = cmdline::root(&line)? {

@@ -30,4 +30,5 @@ pub mod shares;
 pub mod shutdown;
 pub mod spawn;
 pub mod status;
+pub mod thrash;
 pub mod vmm_port;
