@@ -4,11 +4,13 @@
 use std::ffi::CStr;
 use std::io;
 
+use mvm_protocol::DEFAULT_HOSTNAME;
+
 use crate::error::Error;
 use crate::vmm_port::Ports;
 use crate::{
-    agent, cmdline, console, loopback, mounts, power, reap, rootfs, say, shares, shutdown, spawn,
-    status, thrash,
+    agent, cmdline, console, hostname, loopback, mounts, power, reap, rootfs, say, shares,
+    shutdown, spawn, status, thrash,
 };
 
 /// Runs the whole guest lifetime and ends it with a reboot.
@@ -50,7 +52,9 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     if let Some(root) = cmdline::root(&line)? {
         rootfs::enter(&root, false)?;
     }
-    set_hostname();
+    // The kernel's own default is "(none)", which tools such as git then
+    // put into addresses.
+    hostname::set(DEFAULT_HOSTNAME);
     // Before the shares, which may lie inside it: /root keeps its mode.
     mounts::ensure_dir(c"/root", 0o700)?;
     // A kernel of the user's without IPv4 has no lo to bring up; the
@@ -88,16 +92,6 @@ fn chdir(dir: &CStr) -> Result<(), Error> {
             path: dir.to_string_lossy().into_owned(),
             source: io::Error::last_os_error(),
         })
-    }
-}
-
-/// Every guest is `mvm` (the kernel's own default is "(none)", which
-/// tools such as git then put into addresses).
-fn set_hostname() {
-    const NAME: &[u8] = b"mvm";
-    // SAFETY: NAME is valid for its length; sethostname copies it.
-    if unsafe { libc::sethostname(NAME.as_ptr().cast(), NAME.len()) } != 0 {
-        say!("warning: sethostname: {}", io::Error::last_os_error());
     }
 }
 

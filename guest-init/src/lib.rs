@@ -19,6 +19,7 @@ pub mod console;
 pub mod errno;
 pub mod error;
 pub mod forwarder;
+pub mod hostname;
 pub mod init;
 pub mod loopback;
 pub mod mounts;

@@ -15,7 +15,10 @@ pub use frame::{Decoder, FrameError, FrameReader, LEN_BYTES, MAX_FRAME};
 pub use message::{
     ErrorReport, ExecRequest, Exit, Hello, Kind, Message, MessageError, Resize, Signal, StdinCredit,
 };
-pub use setup::{Setup, SetupError, CA_BUNDLE_PATH, RUN_CA_PATH, SETUP_ENTROPY_BYTES};
+pub use setup::{
+    check_hostname, HostnameProblem, Setup, SetupError, CA_BUNDLE_PATH, DEFAULT_HOSTNAME,
+    RUN_CA_PATH, SETUP_ENTROPY_BYTES,
+};
 pub use version::{check_guest_version, check_host_version, VersionError};
 
 /// Protocol version this crate speaks (carried in `Hello`).

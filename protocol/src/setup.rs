@@ -44,6 +44,43 @@ pub struct Setup {
     /// tmpfs of the scratch size.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub upper_on_disk: bool,
+    /// The guest's hostname for this run (`mvm run --hostname`, an OCI
+    /// bundle's `hostname`); absent: [`DEFAULT_HOSTNAME`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+/// The guest's hostname when a run names none.
+pub const DEFAULT_HOSTNAME: &str = "mvm";
+
+/// Why a name cannot be the guest's hostname.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HostnameProblem {
+    #[error("it is empty or longer than 64 bytes")]
+    Length,
+    #[error("it may hold only a-z, A-Z, 0-9, '-' and '_' in labels separated by single dots")]
+    Label,
+}
+
+/// Checks `name` as a hostname: at most the kernel's 64 bytes, labels of
+/// letters, digits, '-' and '_' (RFC 1123's, plus the underscore runc and
+/// Docker let through), so that what the guest sets is what `hostname`
+/// prints and a line of /etc/hosts can name it.
+pub fn check_hostname(name: &str) -> Result<(), HostnameProblem> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(HostnameProblem::Length);
+    }
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        Err(HostnameProblem::Label)
+    }
 }
 
 /// The system CA bundle (Debian's path, which curl, git, Python and
@@ -65,6 +102,11 @@ pub enum SetupError {
     },
     #[error("entropy: expected {SETUP_ENTROPY_BYTES} bytes of hex")]
     Entropy,
+    #[error("hostname {value:?}: {problem}")]
+    Hostname {
+        value: String,
+        problem: HostnameProblem,
+    },
 }
 
 impl Setup {
@@ -89,6 +131,21 @@ impl Setup {
             entropy: crate::boot::encode_hex(entropy),
             trust: None,
             upper_on_disk: false,
+            hostname: None,
+        }
+    }
+
+    /// The hostname to set, checked: [`DEFAULT_HOSTNAME`] when none is
+    /// named.
+    pub fn hostname(&self) -> Result<&str, SetupError> {
+        match &self.hostname {
+            None => Ok(DEFAULT_HOSTNAME),
+            Some(name) => check_hostname(name)
+                .map(|()| name.as_str())
+                .map_err(|problem| SetupError::Hostname {
+                    value: name.clone(),
+                    problem,
+                }),
         }
     }
 
@@ -178,5 +235,54 @@ mod tests {
         assert_eq!(setup.entropy_bytes(), Err(SetupError::Entropy));
         setup.entropy = "zz".repeat(SETUP_ENTROPY_BYTES);
         assert_eq!(setup.entropy_bytes(), Err(SetupError::Entropy));
+        setup.hostname = Some("a b".into());
+        assert!(matches!(
+            setup.hostname(),
+            Err(SetupError::Hostname {
+                problem: HostnameProblem::Label,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_hostname_is_named_or_the_default_and_travels() {
+        let mut setup = Setup::new(None, &[], 1, &[0; SETUP_ENTROPY_BYTES]);
+        assert_eq!(setup.hostname(), Ok(DEFAULT_HOSTNAME));
+        assert!(!serde_json::to_string(&setup).unwrap().contains("hostname"));
+        setup.hostname = Some("ci-runner-7.example".into());
+        let back: Setup = serde_json::from_str(&serde_json::to_string(&setup).unwrap()).unwrap();
+        assert_eq!(back.hostname(), Ok("ci-runner-7.example"));
+    }
+
+    #[test]
+    fn hostnames_are_labels_within_the_kernels_length() {
+        for good in [
+            "mvm",
+            "a",
+            "web-1",
+            "A1.b2.c3",
+            &"x".repeat(64),
+            "0abc",
+            "web_1",
+            "-x",
+        ] {
+            assert_eq!(check_hostname(good), Ok(()), "{good}");
+        }
+        for (bad, problem) in [
+            ("", HostnameProblem::Length),
+            (&*"x".repeat(65), HostnameProblem::Length),
+            ("a..b", HostnameProblem::Label),
+            ("a.", HostnameProblem::Label),
+            (".a", HostnameProblem::Label),
+            ("sp ace", HostnameProblem::Label),
+            ("tab\t", HostnameProblem::Label),
+            ("new\nline", HostnameProblem::Label),
+            ("hash#", HostnameProblem::Label),
+            ("sl/ash", HostnameProblem::Label),
+            ("ünï", HostnameProblem::Label),
+        ] {
+            assert_eq!(check_hostname(bad), Err(problem), "{bad:?}");
+        }
     }
 }

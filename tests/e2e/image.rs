@@ -321,6 +321,40 @@ fn run_default(extra: &[&str], setup: Option<&str>, after: Option<&str>, script:
 
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn the_run_names_the_guest_and_its_hosts_file_resolves_the_name() {
+    let run = run_default(
+        &["--no-workspace", "--hostname", "ci-runner-7"],
+        None,
+        None,
+        "hostname; getent hosts ci-runner-7; getent hosts mvm",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines: Vec<Vec<&str>> = run
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    // The kernel's name (the guest boots as mvm; a template, too, was
+    // saved with that name).
+    assert_eq!(lines.first(), Some(&vec!["ci-runner-7"]), "{}", run.stdout);
+    // The name resolves through the image's /etc/hosts, where mvm added it;
+    // the image's own line for mvm is kept (its lookup is the control that
+    // getent reads that file).
+    assert_eq!(
+        lines.get(1),
+        Some(&vec!["127.0.1.1", "ci-runner-7.localdomain", "ci-runner-7"]),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        lines.get(2).is_some_and(|l| l.contains(&"mvm")),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn the_default_image_runs_python_with_its_standard_library() {
     let run = run_default(
         &["--no-workspace"],

@@ -59,7 +59,7 @@ fn config(args: &[&str]) -> String {
             "user": {"uid": 0, "gid": 0},
             "terminal": false
         },
-        "hostname": "c",
+        "hostname": "oci-box",
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]},
@@ -117,7 +117,7 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
     let shim = shim();
     let rt = "/mvm/bin/mvm-oci";
     let script = "cat /etc/marker; cat /data/f; echo env=$FROM_BUNDLE; \
-                  uname -r; echo to-stderr >&2; exit 3";
+                  uname -r; cat /proc/sys/kernel/hostname; echo to-stderr >&2; exit 3";
     let killed = "trap 'echo got-term; exit 7' TERM; echo ready; while true; do sleep 1; done";
     let mut setup = make_bundles(
         &nonce,
@@ -155,7 +155,7 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
         "{exit:#?}"
     );
     // The output: the root's nonce, the bind mount, the bundle's env, the
-    // guest kernel (not the test host's).
+    // guest kernel (not the test host's), the bundle's hostname.
     let release = std::fs::read_to_string(build_dir().join("share/mvm/kernel.release")).unwrap();
     let out: Vec<&str> = exit.iter().filter_map(|l| l.strip_prefix("out:")).collect();
     assert_eq!(
@@ -164,7 +164,8 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
             nonce.as_str(),
             &format!("data-{nonce}"),
             "env=yes",
-            release.trim()
+            release.trim(),
+            "oci-box"
         ],
         "{exit:#?}"
     );

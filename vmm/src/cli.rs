@@ -246,6 +246,25 @@ mod tests {
     }
 
     #[test]
+    fn a_hostname_is_checked_when_parsed() {
+        let Command::Run { run, .. } = parse(&["run", "--hostname", "ci-7", "--", "true"])
+            .unwrap()
+            .command
+        else {
+            panic!("not run")
+        };
+        assert_eq!(run.hostname.as_deref(), Some("ci-7"));
+        let Command::Run { run, .. } = parse(&["run", "--", "true"]).unwrap().command else {
+            panic!("not run")
+        };
+        assert_eq!(run.hostname, None);
+        for bad in ["web/1", "a..b", "", "a b"] {
+            let err = parse(&["run", "--hostname", bad, "--", "true"]).unwrap_err();
+            assert!(err.to_string().contains("--hostname"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
     fn run_without_command_parses_and_bad_flags_do_not() {
         // No command: the image's own runs (or `run` says one is missing).
         assert!(parse(&["run"]).is_ok());

@@ -1,6 +1,6 @@
 //! The machine's setup from the first `Exec` (docs/protocol.md, "Machine
-//! setup"): the wall clock, fresh entropy with a reseed, the image root,
-//! and the shares, in that order. Applied once, before anything of the
+//! setup"): the wall clock, fresh entropy with a reseed, the hostname,
+//! the image root, and the shares, in that order. Applied once, before anything of the
 //! request itself (its user, its working directory, its command) is
 //! looked up, since those live in the root it mounts.
 //!
@@ -17,7 +17,7 @@ use mvm_protocol::{Setup, SETUP_ENTROPY_BYTES};
 
 use crate::cmdline::{self, Share};
 use crate::error::Error;
-use crate::{mounts, rootfs, say, shares};
+use crate::{hostname, mounts, rootfs, say, shares};
 
 /// `RNDADDENTROPY`: `_IOW('R', 0x03, int[2])`.
 const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
@@ -57,8 +57,12 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         })
         .collect::<Result<Vec<Share>, _>>()?;
     let entropy = setup.entropy_bytes()?;
+    let name = setup.hostname()?;
     set_clock(setup.wall_clock_ns).map_err(SetupError::Clock)?;
     reseed(&entropy).map_err(SetupError::Entropy)?;
+    if setup.hostname.is_some() {
+        hostname::set(name);
+    }
     if let Some(root) = root {
         // A machine restored from a template may have read another
         // image's first blocks (the kernel's partition scan at probe):
@@ -69,6 +73,10 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         rootfs::enter(&root, setup.upper_on_disk)?;
         // Before the shares, which may lie inside it: /root keeps its mode.
         mounts::ensure_dir(c"/root", 0o700)?;
+    }
+    if setup.hostname.is_some() {
+        // In the root now mounted: its /etc/hosts resolves the name.
+        hostname::resolve_locally(name);
     }
     if let Some(pem) = &setup.trust {
         trust(pem)?;

@@ -123,7 +123,9 @@ pub(super) fn launch(
         backends.push(backend);
         config.shares.push(fs);
     }
-    request.setup = Some(Box::new(machine_setup(&config)?));
+    let mut setup = machine_setup(&config)?;
+    setup.hostname = args.hostname.clone();
+    request.setup = Some(Box::new(setup));
     front.mark("helpers started");
     // After the helpers, so that a template's key sees the whole machine.
     let plan = match args.no_snapshot {

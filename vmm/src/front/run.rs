@@ -103,6 +103,11 @@ pub struct RunArgs {
     /// memory, gone when the VM ends) [default: half of --memory]
     #[arg(long, value_name = "SIZE")]
     pub scratch: Option<String>,
+    /// The guest's hostname (1 to 64 bytes: a-z, A-Z, 0-9, '-' and '_' in
+    /// labels separated by dots), also added to the root's /etc/hosts
+    /// [default: mvm]
+    #[arg(long, value_name = "NAME", value_parser = parse_hostname)]
+    pub hostname: Option<String>,
     /// Boot the kernel instead of restoring a template, and save none
     /// (by default a run restores the template of its machine, made by the
     /// first run that needed it: docs/snapshots.md)
@@ -113,6 +118,12 @@ pub struct RunArgs {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub no_snapshot: bool,
+}
+
+fn parse_hostname(name: &str) -> Result<String, String> {
+    mvm_protocol::check_hostname(name)
+        .map(|()| name.to_string())
+        .map_err(|problem| problem.to_string())
 }
 
 /// `mvm run`: the VM options, the run options and the command.

@@ -54,6 +54,8 @@ pub enum Error {
     MountType(String, String),
     #[error("mount at {0}: source {1} does not exist")]
     MountSource(String, String),
+    #[error("hostname {0:?}: {1}")]
+    Hostname(String, mvm_protocol::HostnameProblem),
 }
 
 /// What `mvm run` is asked to do for the bundle.
@@ -115,6 +117,11 @@ fn plan_spec(spec: &Spec, bundle: &Path, console_socket: bool) -> Result<Plan, E
         return Err(Error::RelativeCwd(cwd));
     }
     run.extend(["--workdir".into(), cwd]);
+    if let Some(name) = spec.hostname().as_deref().filter(|n| !n.is_empty()) {
+        mvm_protocol::check_hostname(name)
+            .map_err(|problem| Error::Hostname(name.to_string(), problem))?;
+        run.extend(["--hostname".into(), name.to_string()]);
+    }
     let user = process.user();
     run.extend(["--user".into(), format!("{}:{}", user.uid(), user.gid())]);
     for item in process.env().iter().flatten() {
@@ -245,6 +252,7 @@ mod tests {
                 "user": {"uid": 0, "gid": 0},
                 "rlimits": [{"type": "RLIMIT_NPROC", "hard": 100, "soft": 50}]
             },
+            "hostname": "web-1",
             "mounts": [
                 {"destination": "/proc", "type": "proc", "source": "proc"},
                 {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
@@ -276,6 +284,8 @@ mod tests {
             "2",
             "--workdir",
             "/",
+            "--hostname",
+            "web-1",
             "--user",
             "0:0",
             "--env",
@@ -303,6 +313,7 @@ mod tests {
     fn defaults_without_resources() {
         let mut config = base();
         config["linux"] = serde_json::json!({});
+        config["hostname"] = "".into();
         let dir = bundle("defaults", &config);
         let plan = plan(&dir, false).unwrap();
         let at = |flag: &str| {
@@ -311,6 +322,8 @@ mod tests {
         };
         assert_eq!(at("--memory"), "512M");
         assert_eq!(at("--cpus"), "1");
+        // No hostname (or an empty one): the guest's own default.
+        assert!(!plan.run_args.iter().any(|a| a == "--hostname"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -362,6 +375,11 @@ mod tests {
                         serde_json::json!([{"destination": "/x", "type": "nfs", "source": "s"}])
                 }),
                 Error::MountType("/x".into(), "nfs".into()),
+            ),
+            (
+                "hostname",
+                Box::new(|c| c["hostname"] = "web 1".into()),
+                Error::Hostname("web 1".into(), mvm_protocol::HostnameProblem::Label),
             ),
         ];
         for (name, change, want) in cases {
