@@ -26,6 +26,9 @@ pub fn set(name: &str) {
 /// line names it already. A root without /etc keeps none; a failure is a
 /// warning (only resolving the name fails).
 pub fn resolve_locally(name: &str) {
+    if !std::path::Path::new("/etc").is_dir() {
+        return;
+    }
     let old = match std::fs::read_to_string(HOSTS) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
@@ -34,9 +37,6 @@ pub fn resolve_locally(name: &str) {
     let Some(new) = hosts_with(&old, name) else {
         return;
     };
-    if !std::path::Path::new("/etc").is_dir() {
-        return;
-    }
     if let Err(e) = std::fs::write(HOSTS, new) {
         say!("warning: cannot add {name} to {HOSTS}: {e}");
     }

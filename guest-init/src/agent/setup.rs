@@ -1,8 +1,9 @@
 //! The machine's setup from the first `Exec` (docs/protocol.md, "Machine
-//! setup"): the wall clock, fresh entropy with a reseed, the hostname,
-//! the image root, and the shares, in that order. Applied once, before anything of the
-//! request itself (its user, its working directory, its command) is
-//! looked up, since those live in the root it mounts.
+//! setup"): the wall clock, fresh entropy with a reseed, the image root,
+//! the run's CA, the hostname, and the shares, in that order. Applied
+//! once, before anything of the request itself (its user, its working
+//! directory, its command) is looked up, since those live in the root it
+//! mounts.
 //!
 //! Guest-only (PID 1: clock, random pool, mounts); the decoding is
 //! mvm-protocol's and unit-tested there, and the e2e suite runs every
@@ -60,9 +61,6 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
     let name = setup.hostname()?;
     set_clock(setup.wall_clock_ns).map_err(SetupError::Clock)?;
     reseed(&entropy).map_err(SetupError::Entropy)?;
-    if setup.hostname.is_some() {
-        hostname::set(name);
-    }
     if let Some(root) = root {
         // A machine restored from a template may have read another
         // image's first blocks (the kernel's partition scan at probe):
@@ -74,12 +72,13 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         // Before the shares, which may lie inside it: /root keeps its mode.
         mounts::ensure_dir(c"/root", 0o700)?;
     }
-    if setup.hostname.is_some() {
-        // In the root now mounted: its /etc/hosts resolves the name.
-        hostname::resolve_locally(name);
-    }
     if let Some(pem) = &setup.trust {
         trust(pem)?;
+    }
+    if setup.hostname.is_some() {
+        // After the root: its /etc/hosts is the one to name it in.
+        hostname::set(name);
+        hostname::resolve_locally(name);
     }
     if let Err(err) = shares::mount_all(&shares) {
         // The documented line of its own (docs/protocol.md).
