@@ -134,7 +134,9 @@ pub struct ExecRequest {
     /// A named sandbox's first request: the machine outlives this command
     /// and the agent goes on serving connections, one command each, until
     /// a `Shutdown` (or a power request inside the guest). Only on the
-    /// request that carries `setup`.
+    /// request that carries `setup`. With a command (`mvm run
+    /// --serve-exec`), that command is the machine's main one: the VMM
+    /// stops the machine on its `Exit`, later connections run beside it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep_serving: bool,
 }

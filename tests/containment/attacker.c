@@ -42,6 +42,7 @@
 #include <linux/vm_sockets.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,6 +213,41 @@ static int write_all(int fd, const unsigned char *buf, size_t len)
     return 0;
 }
 
+/* A line on the guest console (the kernel's log at level err, which
+ * `quiet` still prints): how a hijack went once the agent relays our
+ * output no more. Through a sandbox `mvm logs` shows it, and the
+ * battery's teardown prints these lines. */
+static void console_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void console_note(const char *fmt, ...)
+{
+    char line[256];
+    int head = snprintf(line, sizeof line, "<3>attacker: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + head, sizeof line - (size_t)head, fmt, ap);
+    va_end(ap);
+    int fd = open("/dev/kmsg", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t ignored = write(fd, line, strlen(line));
+        (void)ignored;
+        close(fd);
+    }
+}
+
+/* write_all, noting on the console how long it took and how it ended. */
+static int write_all_noted(int fd, const void *buf, size_t len, const char *what)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = write_all(fd, buf, len);
+    int err = errno;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    console_note("hijack: %s: %zu bytes %s after %ld ms", what, len,
+                 rc == 0 ? "written" : strerror(err), ms);
+    return rc;
+}
+
 /* The parent of `pid`, from /proc/PID/stat ("PID (COMM) STATE PPID ..."),
  * or 0. */
 static int parent_of(int pid)
@@ -342,13 +378,14 @@ static int cmd_hijack(const char *mode)
         snprintf(said, sizeof said, "hijack: the agent is stopped\n");
     else
         snprintf(said, sizeof said, "hijack: cannot stop the agent: %s\n", strerror(errno));
+    console_note("hijack: agent pid %d, its connection fd %d here: %s", agent, fd, said);
     static unsigned char note[256];
     size_t note_len = frame(note, 18, said, strlen(said));
     /* The host may hang up mid-write: that must not end us (and with us
      * the agent's stop). */
     signal(SIGPIPE, SIG_IGN);
-    if (write_all(fd, note, note_len) == 0)
-        write_all(fd, buf, len);
+    if (write_all_noted(fd, note, note_len, "note frame") == 0)
+        write_all_noted(fd, buf, len, mode);
     /* Stay alive (and keep the agent frozen): the host's reaction, not our
      * exit, must end the run. */
     sleep(600);

@@ -98,9 +98,13 @@ fn through_sandbox(options: &Options, args: &[&str]) -> Run {
         options.setup.unwrap_or(":"),
         shell_words(&split.create),
     );
+    // The attacker's own console notes (a hijack's progress once the
+    // agent relays its output no more) come back as teardown lines, shown
+    // with a failed check's output.
     let teardown = format!(
         "MVM=/mvm/bin/mvm; [ -x \"$MVM\" ] || MVM=build/bin/mvm\n\
-         {}\n$MVM rm -f {name}",
+         {}\n$MVM logs {name} 2>/dev/null | grep -a 'attacker: ' | tail -n 8\n\
+         $MVM rm -f {name}",
         options.teardown.unwrap_or(":"),
     );
     let mut exec = vec!["exec"];

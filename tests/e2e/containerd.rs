@@ -45,6 +45,12 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
     let trap =
         "trap \"echo got-term; exit 9\" TERM; touch /share/ready; while true; do sleep 1; done";
     let share = "--mount type=bind,src=/run/tmp/ctd/share,dst=/share,options=rbind:rw";
+    // Processes joined to the running container: one that says where it
+    // runs and exits, one that waits for its signal.
+    let exec_probe =
+        "cat /keep/new; uname -r; grep -c mvm.agent /proc/cmdline; echo exec-to-stderr >&2; exit 5";
+    let exec_trap =
+        "trap \"echo exec-got-term; exit 4\" TERM; touch /share/e2; while true; do sleep 1; done";
     let script = format!(
         "set -u\n\
          sh tests/e2e/peers/containerd.sh {layout} || exit 1\n\
@@ -57,7 +63,12 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
          i=0; while [ ! -e /run/tmp/ctd/share/ready ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n\
          echo \"ready=$(test -e /run/tmp/ctd/share/ready && echo yes || echo no)\"\n\
          {CTR} task ls | grep c-kill | sed 's/^/task-before:/'\n\
-         {CTR} task exec --exec-id e1 c-kill true 2>&1 | sed 's/^/exec:/'\n\
+         {CTR} task exec --exec-id e1 c-kill sh -c '{exec_probe}' >/run/tmp/ctd/eout 2>/run/tmp/ctd/eerr; echo \"exec-status=$?\"\n\
+         sed 's/^/exec-out:/' /run/tmp/ctd/eout; sed 's/^/exec-err:/' /run/tmp/ctd/eerr\n\
+         {CTR} task exec --exec-id e2 c-kill sh -c '{exec_trap}' >/run/tmp/ctd/e2out 2>&1 & e2=$!\n\
+         i=0; while [ ! -e /run/tmp/ctd/share/e2 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n\
+         {CTR} task kill --exec-id e2 c-kill; echo \"exec-kill=$?\"\n\
+         wait $e2; echo \"e2-status=$?\"; sed 's/^/e2-out:/' /run/tmp/ctd/e2out\n\
          {CTR} task kill c-kill; echo \"kill=$?\"\n\
          i=0; until {CTR} task ls | grep -q 'c-kill.*STOPPED' || [ $i -ge 300 ]; do sleep 0.1; i=$((i+1)); done\n\
          {CTR} task ls | grep c-kill | sed 's/^/task-after:/'\n\
@@ -97,8 +108,8 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
     // The control: the same grep on the test host's own command line
     // finds none, so the 1 above is the guest's.
     assert!(has("host-cmdline-mvm-agent=0"), "{lines:#?}");
-    // A detached container: running, exec refused, killed (its trap's
-    // status), removed, nothing left.
+    // A detached container: running, processes exec'd into it, killed
+    // (its trap's status), removed, nothing left.
     assert!(has("ready=yes"), "{lines:#?}");
     assert!(
         lines
@@ -106,12 +117,22 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
             .any(|l| l.starts_with("task-before:c-kill") && l.ends_with("RUNNING")),
         "{lines:#?}"
     );
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.starts_with("exec:") && l.contains("exec is not supported yet")),
-        "{lines:#?}"
-    );
+    // `ctr task exec`: in the container's VM (the image's file, the guest
+    // kernel and its command line), stderr apart, its own exit status.
+    assert!(has("exec-status=5"), "{lines:#?}");
+    for want in [
+        "exec-out:new",
+        &format!("exec-out:{}", release.trim()),
+        "exec-out:1",
+        "exec-err:exec-to-stderr",
+    ] {
+        assert!(has(want), "no {want} in {lines:#?}");
+    }
+    // `ctr task kill --exec-id`: SIGTERM reaches the exec'd process, whose
+    // trap decides its status, while the container runs on.
+    assert!(has("exec-kill=0"), "{lines:#?}");
+    assert!(has("e2-out:exec-got-term"), "{lines:#?}");
+    assert!(has("e2-status=4"), "{lines:#?}");
     assert!(has("kill=0"), "{lines:#?}");
     assert!(
         lines

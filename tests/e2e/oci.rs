@@ -151,7 +151,7 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
     let pid = value(&exit, "pid-file");
     assert_eq!(value(&exit, "ps"), format!("0 [{pid}]"));
     assert!(
-        value(&exit, "exec").starts_with("1 mvm oci: exec is not supported yet"),
+        value(&exit, "exec-before-start").starts_with("1 mvm oci: container c-exit is not running"),
         "{exit:#?}"
     );
     // The output: the root's nonce, the bind mount, the bundle's env, the
@@ -179,8 +179,26 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
         .starts_with("1 mvm oci: container c-exit does not exist"));
     assert_eq!(value(&exit, "dir-after-delete"), "false");
 
-    // kill reaches the command in the guest, whose trap decides the status.
+    // exec --detach in the running container: the process runs in the
+    // container's VM (the root's nonce, the process's own env, the
+    // bundle's hostname), its stdout and stderr come apart through the
+    // runtime's, and the pid-file's process ends with its status.
     let kill = of("kill:");
+    assert_eq!(value(&kill, "exec"), "0", "{kill:#?}");
+    let exec_out: Vec<&str> = kill
+        .iter()
+        .filter_map(|l| l.strip_prefix("exec-out:"))
+        .collect();
+    assert_eq!(
+        exec_out,
+        [nonce.as_str(), "exec-env=yes", "oci-box"],
+        "{kill:#?}"
+    );
+    assert!(kill.contains(&"exec-err:exec-err"), "{kill:#?}");
+    assert_eq!(value(&kill, "exec-waited"), "true", "{kill:#?}");
+    assert_eq!(value(&kill, "exec-exit"), "6", "{kill:#?}");
+
+    // kill reaches the command in the guest, whose trap decides the status.
     assert_eq!(value(&kill, "kill").trim(), "0", "{kill:#?}");
     assert!(kill.contains(&"out:got-term"), "{kill:#?}");
     assert_eq!(value(&kill, "exit"), "7", "{kill:#?}");

@@ -46,6 +46,11 @@ pub enum Command {
         vm: VmArgs,
         #[command(flatten)]
         run: RunArgs,
+        /// Let more commands join this one in the VM through its session's
+        /// vsock socket, as `mvm oci exec` does for a container; the VM
+        /// still ends with this command (docs/kubernetes.md)
+        #[arg(long, hide = true)]
+        serve_exec: bool,
         /// The command and its arguments, after `--` (may be left out to run
         /// the image's Entrypoint and Cmd).
         #[arg(last = true, value_name = "CMD")]
@@ -119,7 +124,12 @@ pub enum Command {
 fn execute(cli: Cli, started: Instant) -> Result<i32, Failure> {
     match cli.command {
         Command::Boot { vm, snapshot } => front::boot::boot(&vm, &snapshot, started),
-        Command::Run { vm, run, argv } => front::run::run(&vm, &run, argv, started),
+        Command::Run {
+            vm,
+            run,
+            serve_exec,
+            argv,
+        } => front::run::run(&vm, &run, serve_exec, argv, started),
         Command::Create { name, options } => {
             // The words after `create`, kept for `start` to parse again.
             let words = std::env::args().skip(2).collect();

@@ -115,7 +115,8 @@ fn prepare_machine(request: &ExecRequest) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether a command is the machine's last: `mvm run`'s one command, on
+/// Whether a command is the machine's last: `mvm run`'s one command (or
+/// with `--serve-exec` its main one, served by a sandbox's agent), on
 /// whose `Exit` the VMM stops the machine.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Last {

@@ -2,7 +2,11 @@
 //! command, so PID 1 keeps the listener and serves one connection per
 //! command, each in a process of its own forked for it. The first request
 //! sets the machine up; its argv may be empty (the supervisor's: nothing
-//! to run, the `Exit` only says the guest serves). A command that
+//! to run, the `Exit` only says the guest serves). A first request with a
+//! command (`mvm run --serve-exec`, an OCI container's process) makes that
+//! command the machine's main one: its end is announced as `mvm run`'s
+//! one command's is, and the VMM stops the machine on its `Exit`, while
+//! later connections (`mvm oci exec`) run beside it. A command that
 //! crashes, hangs or floods its channel takes only its own handler with
 //! it; PID 1 only accepts, forks and reaps.
 //!
@@ -94,8 +98,9 @@ fn pollin(fd: BorrowedFd) -> libc::pollfd {
 }
 
 /// Serves `conn` in a child process; PID 1 goes on at once. With
-/// `request`, the first command (already read, the machine set up);
-/// without, the child reads the connection's own request.
+/// `request`, the first command (already read, the machine set up), the
+/// machine's main one; without, the child reads the connection's own
+/// request.
 fn fork_handler(
     conn: OwnedFd,
     request: Option<&ExecRequest>,
@@ -120,7 +125,7 @@ fn fork_handler(
     }
     match request {
         Some(request) => {
-            run_command(conn, request, Last::No);
+            run_command(conn, request, Last::Yes);
         }
         None => serve_connection(conn),
     }

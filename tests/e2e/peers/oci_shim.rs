@@ -8,9 +8,10 @@
 //!
 //!     oci-shim RUNTIME ROOT BUNDLE ID [SIGNAL]
 //!
-//! With SIGNAL, `kill ID SIGNAL` is sent once the container printed a line
-//! `ready`. Prints `key=value` lines, and the container's output as
-//! `out:LINE`.
+//! With SIGNAL, a process is run in the container with `exec --detach`,
+//! then `kill ID SIGNAL` is sent, once the container printed a line
+//! `ready`. Prints `key=value` lines, the container's output as
+//! `out:LINE` and the exec's as `exec-out:LINE` and `exec-err:LINE`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -44,6 +45,34 @@ fn status_field(state: &str) -> String {
         .find_map(|l| l.trim().strip_prefix("\"status\": \""))
         .map(|s| s.trim_end_matches([',', '"']).to_string())
         .unwrap_or_else(|| "none".into())
+}
+
+/// `exec --detach` as the shim runs it: the exec's output comes through
+/// the runtime's own stdout and stderr (the detached process holds them),
+/// and the pid file's process, reparented to us, ends with its status.
+fn exec(rt: &str, root: &str, id: &str, process: &str) {
+    let pid_file = format!("{root}/{id}.exec.pid");
+    let (code, out, err) = runtime(
+        rt,
+        root,
+        &["exec", "--process", process, "--detach", "--pid-file", &pid_file, id],
+    );
+    println!("exec={code}");
+    for line in out.lines() {
+        println!("exec-out:{line}");
+    }
+    for line in err.lines() {
+        println!("exec-err:{line}");
+    }
+    let Ok(pid) = std::fs::read_to_string(&pid_file).map(|p| p.trim().parse::<i32>().unwrap_or(0)) else {
+        println!("exec-pid-file=missing");
+        return;
+    };
+    let mut status = 0;
+    // SAFETY: waits for the exec's process, reparented to us.
+    let waited = unsafe { waitpid(pid, &mut status, 0) };
+    println!("exec-waited={}", waited == pid);
+    println!("exec-exit={}", (status >> 8) & 0xff);
 }
 
 fn main() {
@@ -88,6 +117,16 @@ fn main() {
         "state-pid-matches={}",
         state.contains(&format!("\"pid\": {pid}"))
     );
+    // An exec's process, run with `exec --process` as the shim does.
+    let process = format!("{bundle}/process.json");
+    std::fs::write(
+        &process,
+        r#"{"args": ["sh", "-c", "cat /etc/marker; echo exec-env=$FROM_EXEC; cat /proc/sys/kernel/hostname; echo exec-err >&2; exit 6"],
+            "env": ["PATH=/bin", "FROM_EXEC=yes"], "cwd": "/", "user": {"uid": 0, "gid": 0}}"#,
+    )
+    .unwrap();
+    let (code, _, err) = runtime(rt, root, &["exec", "--process", &process, id]);
+    println!("exec-before-start={code} {err}");
     let (code, _, err) = runtime(rt, root, &["start", id]);
     println!("start={code} {err}");
     let (code, _, err) = runtime(rt, root, &["start", id]);
@@ -96,14 +135,13 @@ fn main() {
     println!("state-after-start={}", status_field(&state));
     let (code, out, _) = runtime(rt, root, &["ps", "--format", "json", id]);
     println!("ps={code} {}", out.trim());
-    let (code, _, err) = runtime(rt, root, &["exec", "--process", "/p.json", id]);
-    println!("exec={code} {err}");
     let mut lines = BufReader::new(stdout).lines();
     if let Some(signal) = signal {
         for line in lines.by_ref() {
             let line = line.unwrap_or_default();
             println!("out:{line}");
             if line == "ready" {
+                exec(rt, root, id, &process);
                 let (code, _, err) = runtime(rt, root, &["kill", id, signal]);
                 println!("kill={code} {err}");
                 break;

@@ -10,6 +10,7 @@ mod console_tail;
 pub mod egress;
 mod failure;
 pub mod image;
+mod join;
 mod launch;
 pub mod oci;
 mod request;

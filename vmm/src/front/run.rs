@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use mvm_protocol::boot::agent_param;
+use mvm_protocol::ExecRequest;
 
 use super::command_args::CommandArgs;
 use super::console_tail;
@@ -22,6 +23,7 @@ use super::{
 use crate::config::{RootDir, VmConfig};
 use crate::exit_code;
 use crate::machine::Outcome;
+use crate::sandboxes::EXEC_DEFAULTS;
 use crate::session::{self, signals, terminal, SessionDir};
 use crate::shares::{self, Share};
 use crate::timeline::Timeline;
@@ -126,10 +128,12 @@ fn parse_hostname(name: &str) -> Result<String, String> {
         .map_err(|problem| problem.to_string())
 }
 
-/// `mvm run`: the VM options, the run options and the command.
+/// `mvm run`: the VM options, the run options and the command; with
+/// `serve_exec`, other commands may join it (`mvm oci exec`).
 pub fn run(
     vm: &VmArgs,
     run: &RunArgs,
+    serve_exec: bool,
     argv: Vec<String>,
     started: Instant,
 ) -> Result<i32, Failure> {
@@ -159,6 +163,7 @@ pub fn run(
             image: image_config.as_ref(),
             shares,
             front,
+            serve_exec,
         },
         vm,
         started,
@@ -228,6 +233,9 @@ struct Planned<'a> {
     image: Option<&'a ImageConfig>,
     shares: Vec<Share>,
     front: Timeline,
+    /// The agent serves more connections beside the command, which get
+    /// their defaults from the session directory's `exec.json`.
+    serve_exec: bool,
 }
 
 fn run_in_vm(
@@ -243,16 +251,26 @@ fn run_in_vm(
         image,
         shares,
         mut front,
+        serve_exec,
     } = planned;
-    let request = exec_request(
+    let mut request = exec_request(
         args,
         argv,
         !args.no_workspace,
         config.has_image_root(),
         image,
     )?;
+    request.keep_serving = serve_exec;
     let mem_size = config.mem_size;
     let dir = SessionDir::create().map_err(setup_failure)?;
+    // Made now: once confined, the VMM's threads may write but not create.
+    let exec_defaults = match serve_exec {
+        true => Some(
+            std::fs::File::create(dir.path().join(EXEC_DEFAULTS))
+                .map_err(|e| setup_failure(format!("cannot write {EXEC_DEFAULTS}: {e}")))?,
+        ),
+        false => None,
+    };
     let spec = Spec {
         args,
         vm,
@@ -272,6 +290,9 @@ fn run_in_vm(
         oom_seen,
     } = launch(config, request, &spec, &mut front)?;
     front.mark("vmm confined");
+    if let Some(file) = exec_defaults {
+        write_exec_defaults(file, &request)?;
+    }
     let stop = machine.stop_handle();
     let target: session::Target = Arc::new(Mutex::new(None));
     signals::forward(stop.clone(), target.clone())
@@ -346,6 +367,20 @@ fn run_in_vm(
         console_tail::print(&dir.console_path());
     }
     Err(failure)
+}
+
+/// What every command that joins the run starts from (`mvm oci exec`):
+/// the request as the guest got it, less the machine's setup, as a
+/// sandbox's `exec.json` is.
+fn write_exec_defaults(mut file: std::fs::File, request: &ExecRequest) -> Result<(), Failure> {
+    let defaults = ExecRequest {
+        setup: None,
+        keep_serving: false,
+        ..request.clone()
+    };
+    let json = serde_json::to_vec(&defaults).expect("plain data serialises");
+    std::io::Write::write_all(&mut file, &json)
+        .map_err(|e| setup_failure(format!("cannot write {EXEC_DEFAULTS}: {e}")))
 }
 
 /// The run's exit status from how the machine ended and what the exec

@@ -277,21 +277,44 @@ pub fn remove_sessions_of(pid: i32) {
 }
 
 fn remove_sessions_in(base: &Path, pid: i32) {
-    let Ok(entries) = fs::read_dir(base) else {
-        return;
-    };
-    let prefix = format!("{pid}-");
-    for entry in entries.flatten() {
-        let ours = entry.file_name().to_string_lossy().starts_with(&prefix);
-        if !ours || !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let path = entry.path();
-        let unheld = File::open(path.join(LOCK)).is_ok_and(|lock| try_lock(&lock).unwrap_or(false));
-        if unheld {
+    for path in sessions_in(base, pid) {
+        if lock_held(&path) == Some(false) {
             let _ = fs::remove_dir_all(&path);
         }
     }
+}
+
+/// The session directory of the live `mvm run` with process id `pid`
+/// (`mvm oci exec` joins a container's run through its vsock socket).
+pub fn live_session_of(pid: i32) -> Option<PathBuf> {
+    live_session_in(&base_dir(), pid)
+}
+
+fn live_session_in(base: &Path, pid: i32) -> Option<PathBuf> {
+    sessions_in(base, pid)
+        .into_iter()
+        .find(|path| lock_held(path) == Some(true))
+}
+
+/// The session directories `pid` made in `base`, live or not.
+fn sessions_in(base: &Path, pid: i32) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(base) else {
+        return Vec::new();
+    };
+    let prefix = format!("{pid}-");
+    entries
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|entry| entry.path())
+        .collect()
+}
+
+/// Whether a live session holds the lock of the directory at `path`
+/// (taken for a moment when nobody does); None without a lock to ask.
+fn lock_held(path: &Path) -> Option<bool> {
+    let lock = File::open(path.join(LOCK)).ok()?;
+    try_lock(&lock).ok().map(|taken| !taken)
 }
 
 #[cfg(test)]
@@ -344,7 +367,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_process_s_sessions_go_and_a_held_one_stays() {
+    fn a_dead_process_s_sessions_go_and_a_held_one_stays_and_is_found() {
         let base = scratch("sessions-of");
         fs::create_dir_all(&base).unwrap();
         // Two of pid 4242's, one of them held by a live session (a process
@@ -355,11 +378,13 @@ mod tests {
         }
         let held = File::open(base.join("4242-b").join(LOCK)).unwrap();
         assert!(try_lock(&held).unwrap());
+        assert_eq!(live_session_in(&base, 4242), Some(base.join("4242-b")));
         remove_sessions_in(&base, 4242);
         assert!(!base.join("4242-a").exists());
         assert!(base.join("4242-b").exists(), "a held session was removed");
         assert!(base.join("42420-c").exists(), "another pid's was removed");
         drop(held);
+        assert_eq!(live_session_in(&base, 4242), None, "no live session left");
         let _ = fs::remove_dir_all(&base);
     }
 

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{PosixRlimitType, Spec};
+use oci_spec::runtime::{PosixRlimitType, Process, Spec};
 
 /// Guest memory when `linux.resources.memory.limit` is absent: `mvm run`'s
 /// own default.
@@ -90,13 +90,8 @@ fn plan_spec(spec: &Spec, bundle: &Path, console_socket: bool) -> Result<Plan, E
         return Err(Error::RootNotADirectory(rootfs.display().to_string()));
     }
     let process = spec.process().as_ref().ok_or(Error::NoProcess)?;
-    let args = process
-        .args()
-        .as_ref()
-        .filter(|a| !a.is_empty())
-        .ok_or(Error::NoProcess)?;
-    let terminal = process.terminal().unwrap_or(false);
-    if terminal && !console_socket {
+    let guest = process_plan(process)?;
+    if guest.terminal && !console_socket {
         return Err(Error::NoConsoleSocket);
     }
     let mut run: Vec<String> = vec![
@@ -105,30 +100,24 @@ fn plan_spec(spec: &Spec, bundle: &Path, console_socket: bool) -> Result<Plan, E
         "--no-workspace".into(),
         // The container's stdin is whatever the shim gave: forwarded.
         "--interactive".into(),
+        // `mvm oci exec` joins the container's VM (docs/kubernetes.md).
+        "--serve-exec".into(),
     ];
-    if terminal {
+    if guest.terminal {
         run.push("--tty".into());
     }
     let (memory_mib, cpus) = size(spec);
     run.extend(["--memory".into(), format!("{memory_mib}M")]);
     run.extend(["--cpus".into(), cpus.to_string()]);
-    let cwd = process.cwd().display().to_string();
-    if !cwd.starts_with('/') {
-        return Err(Error::RelativeCwd(cwd));
-    }
-    run.extend(["--workdir".into(), cwd]);
+    run.extend(["--workdir".into(), guest.cwd]);
     if let Some(name) = spec.hostname().as_deref().filter(|n| !n.is_empty()) {
         mvm_protocol::check_hostname(name)
             .map_err(|problem| Error::Hostname(name.to_string(), problem))?;
         run.extend(["--hostname".into(), name.to_string()]);
     }
-    let user = process.user();
-    run.extend(["--user".into(), format!("{}:{}", user.uid(), user.gid())]);
-    for item in process.env().iter().flatten() {
-        if !item.contains('=') || item.starts_with('=') {
-            return Err(Error::BadEnv(item.clone()));
-        }
-        run.extend(["--env".into(), item.clone()]);
+    run.extend(["--user".into(), guest.user]);
+    for (key, value) in &guest.env {
+        run.extend(["--env".into(), format!("{key}={value}")]);
     }
     for limit in process.rlimits().iter().flatten() {
         // The one limit mvm sets in the guest; the others keep the guest
@@ -145,12 +134,68 @@ fn plan_spec(spec: &Spec, bundle: &Path, console_socket: bool) -> Result<Plan, E
         ]);
     }
     run.push("--".into());
-    run.extend(args.iter().cloned());
+    run.extend(guest.argv);
     Ok(Plan {
         rootfs,
         run_args: run,
-        terminal,
+        terminal: guest.terminal,
     })
+}
+
+/// A runtime-spec process (config.json's, or an exec's process.json) as
+/// the guest runs it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ProcessPlan {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Absolute.
+    pub cwd: String,
+    /// `UID:GID`, as `--user` takes it.
+    pub user: String,
+    pub terminal: bool,
+    /// The pty's rows and columns (`consoleSize`), if given.
+    pub size: Option<(u16, u16)>,
+}
+
+pub fn process_plan(process: &Process) -> Result<ProcessPlan, Error> {
+    let argv = process
+        .args()
+        .clone()
+        .filter(|a| !a.is_empty())
+        .ok_or(Error::NoProcess)?;
+    let cwd = process.cwd().display().to_string();
+    if !cwd.starts_with('/') {
+        return Err(Error::RelativeCwd(cwd));
+    }
+    let mut env = Vec::new();
+    for item in process.env().iter().flatten() {
+        match item.split_once('=') {
+            Some((key, value)) if !key.is_empty() => env.push((key.to_string(), value.to_string())),
+            _ => return Err(Error::BadEnv(item.clone())),
+        }
+    }
+    let user = process.user();
+    let size = process.console_size().map(|b| {
+        let clamp = |n: u64| u16::try_from(n).unwrap_or(u16::MAX);
+        (clamp(b.height()), clamp(b.width()))
+    });
+    Ok(ProcessPlan {
+        argv,
+        env,
+        cwd,
+        user: format!("{}:{}", user.uid(), user.gid()),
+        terminal: process.terminal().unwrap_or(false),
+        size,
+    })
+}
+
+/// An exec's process.json (runtime spec `process`).
+pub fn load_process(path: &Path) -> Result<ProcessPlan, Error> {
+    let text = std::fs::read(path)
+        .map_err(|e| Error::Config(path.display().to_string(), e.to_string()))?;
+    let process: Process = serde_json::from_slice(&text)
+        .map_err(|e| Error::Config(path.display().to_string(), e.to_string()))?;
+    process_plan(&process)
 }
 
 fn hooks_empty(hooks: &oci_spec::runtime::Hooks) -> bool {
@@ -278,6 +323,7 @@ mod tests {
             &root,
             "--no-workspace",
             "--interactive",
+            "--serve-exec",
             "--memory",
             "257M",
             "--cpus",
@@ -306,6 +352,47 @@ mod tests {
         .collect();
         assert_eq!(plan.run_args, want);
         assert!(!plan.terminal);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_exec_s_process_json_is_what_the_guest_runs() {
+        let dir = std::env::temp_dir().join(format!("mvm-oci-process-{}", std::process::id()));
+        let path = dir.join("process.json");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            &path,
+            serde_json::json!({
+                "args": ["sh", "-c", "echo in"],
+                "env": ["PATH=/bin", "X=1=2"],
+                "cwd": "/srv",
+                "user": {"uid": 1000, "gid": 100},
+                "terminal": true,
+                "consoleSize": {"height": 30, "width": 100}
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let plan = load_process(&path).unwrap();
+        assert_eq!(
+            plan,
+            ProcessPlan {
+                argv: vec!["sh".into(), "-c".into(), "echo in".into()],
+                env: vec![("PATH".into(), "/bin".into()), ("X".into(), "1=2".into())],
+                cwd: "/srv".into(),
+                user: "1000:100".into(),
+                terminal: true,
+                size: Some((30, 100)),
+            }
+        );
+        std::fs::write(
+            &path,
+            r#"{"args": [], "cwd": "/", "user": {"uid": 0, "gid": 0}}"#,
+        )
+        .unwrap();
+        assert_eq!(load_process(&path), Err(Error::NoProcess));
+        std::fs::write(&path, "{not json").unwrap();
+        assert!(matches!(load_process(&path), Err(Error::Config(..))));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

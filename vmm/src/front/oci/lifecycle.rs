@@ -172,7 +172,7 @@ fn fork_waiting(
 /// A new pty: its controlling side goes to the shim over the console
 /// socket (SCM_RIGHTS, as runc does); the other side is returned, for the
 /// container's process.
-fn send_console(socket: &Path) -> Result<OwnedFd, String> {
+pub(super) fn send_console(socket: &Path) -> Result<OwnedFd, String> {
     use std::os::fd::FromRawFd;
     use vmm_sys_util::sock_ctrl_msg::ScmSocket;
     let (mut master, mut slave) = (-1, -1);
@@ -206,7 +206,7 @@ fn send_console(socket: &Path) -> Result<OwnedFd, String> {
 
 /// runc's way: the pid written under a temporary name, then renamed, so
 /// that the shim never reads half a number.
-fn write_pid_file(path: &Path, pid: i32) -> Result<(), String> {
+pub(super) fn write_pid_file(path: &Path, pid: i32) -> Result<(), String> {
     let tmp = path.with_file_name(format!(
         ".{}.tmp",
         path.file_name()

@@ -8,6 +8,7 @@
 
 mod bundle;
 mod container;
+mod exec;
 mod lifecycle;
 
 use std::io::Write;
@@ -97,8 +98,38 @@ pub enum OciCommand {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         ps_args: Vec<String>,
     },
-    /// Not supported yet: a second process in a container's VM
+    /// Run another process in a running container's VM (its exit status
+    /// is the process's; with --detach, the pid in --pid-file is the one
+    /// to wait for)
     Exec {
+        /// The process to run (runtime spec process JSON), instead of the
+        /// command line's
+        #[arg(long, short = 'p', value_name = "FILE")]
+        process: Option<PathBuf>,
+        /// Return once the guest started the process; a process of its own
+        /// relays its stdio and exits with its status
+        #[arg(long, short = 'd')]
+        detach: bool,
+        /// Write the detached process's pid here
+        #[arg(long, value_name = "FILE")]
+        pid_file: Option<PathBuf>,
+        /// A Unix socket to send the pty's controlling end to (with a terminal)
+        #[arg(long, value_name = "SOCKET")]
+        console_socket: Option<PathBuf>,
+        /// Run the process on a pty in the guest
+        #[arg(long, short = 't')]
+        tty: bool,
+        /// Working directory in the guest [default: /]
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// Set an environment variable (repeatable)
+        #[arg(long, short = 'e', value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// UID[:GID] in the guest [default: 0:0]
+        #[arg(long, short = 'u', value_name = "UID[:GID]")]
+        user: Option<String>,
+        id: String,
+        /// The command and its arguments (without --process)
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -128,10 +159,36 @@ pub fn command(args: &OciArgs) -> Result<i32, Failure> {
         OciCommand::Kill { id, signal, .. } => lifecycle::kill(&root, id, signal),
         OciCommand::Delete { id, force } => lifecycle::delete(&root, id, *force),
         OciCommand::Ps { format, id, .. } => ps(&root, id, format),
-        OciCommand::Exec { .. } => Err(
-            "exec is not supported yet: a container's VM runs its one process (docs/kubernetes.md)"
-                .into(),
-        ),
+        OciCommand::Exec {
+            process,
+            detach,
+            pid_file,
+            console_socket,
+            tty,
+            cwd,
+            env,
+            user,
+            id,
+            args: argv,
+        } => {
+            let status = exec::exec(&exec::ExecArgs {
+                root: &root,
+                id,
+                process: process.as_deref(),
+                detach: *detach,
+                pid_file: pid_file.as_deref(),
+                console_socket: console_socket.as_deref(),
+                tty: *tty,
+                cwd: cwd.as_deref(),
+                env,
+                user: user.as_deref(),
+                args: argv,
+            });
+            return match status {
+                Ok(status) => Ok(status),
+                Err(message) => Ok(fail(args, &message)),
+            };
+        }
         OciCommand::Features => {
             println!("{}", features());
             Ok(())
@@ -139,12 +196,15 @@ pub fn command(args: &OciArgs) -> Result<i32, Failure> {
     };
     match done {
         Ok(()) => Ok(0),
-        Err(message) => {
-            log_error(args.log.as_deref(), args.log_format, &message);
-            eprintln!("mvm oci: {message}");
-            Ok(1)
-        }
+        Err(message) => Ok(fail(args, &message)),
     }
+}
+
+/// Says `message` as runc would (stderr, and `--log`); exit status 1.
+fn fail(args: &OciArgs, message: &str) -> i32 {
+    log_error(args.log.as_deref(), args.log_format, message);
+    eprintln!("mvm oci: {message}");
+    1
 }
 
 fn state(root: &Path, id: &str) -> Result<(), String> {

@@ -4,27 +4,22 @@
 //! the sandbox's vsock socket (in the user's private runtime directory)
 //! and speaks the exec channel; the supervisor is not involved.
 
-use std::net::Shutdown;
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use mvm_protocol::{ExecRequest, Message, Resize, Signal, AGENT_PORT};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
-use signal_hook::iterator::Signals;
+use mvm_protocol::{ExecRequest, AGENT_PORT};
 
 use super::super::command_args::CommandArgs;
 use super::super::console_tail;
+use super::super::join;
 use super::super::stats::print_exec_stats;
 use super::super::vm_args::timeout_duration;
 use super::super::{setup_failure, Failure};
 use super::{last_error, sandbox_failure};
 use crate::exit_code;
 use crate::sandboxes::{Paths, State, EXEC_DEFAULTS, SUPERVISOR_LOG};
-use crate::session::client::{self, Writer};
+use crate::session::client;
 use crate::session::signals::TERMINATE_GRACE;
 use crate::session::terminal;
 
@@ -49,10 +44,6 @@ pub struct ExecArgs {
     #[arg(long)]
     pub print_stats: bool,
 }
-
-/// Why an exec cut its channel itself: `cut_by`'s value for `--timeout`
-/// (a signal's number otherwise).
-const CUT_BY_TIMEOUT: i32 = -1;
 
 /// Runs `argv` in sandbox `name`; returns its exit status. With
 /// `--print-stats`, says what it cost at the end, whatever the outcome.
@@ -119,53 +110,42 @@ fn exec_in(
         )),
         e => lost(name, paths, &e),
     })?;
-    let writer: Writer =
-        Arc::new(Mutex::new(stream.try_clone().map_err(|e| {
-            setup_failure(format!("cannot use the exec channel: {e}"))
-        })?));
-    let (mut reader, _) =
-        client::start(&stream, &writer, request).map_err(|e| lost(name, paths, &e))?;
-    let raw_mode = (args.tty && args.interactive).then(terminal::RawMode::enter);
-    let cut_by = Arc::new(AtomicI32::new(0));
-    forward_signals(writer.clone(), &stream, cut_by.clone())?;
-    if let Some(limit) = timeout {
-        cut_after(limit, &stream, cut_by.clone(), CUT_BY_TIMEOUT)?;
-    }
-    let window = Arc::new(client::StdinWindow::default());
-    if args.interactive {
-        client::pump_stdin(writer, window.clone());
-    } else {
-        client::send(&writer, &Message::StdinEof).map_err(|e| lost(name, paths, &e))?;
-    }
-    let exit = client::relay_output(&mut reader, &window);
-    drop(raw_mode);
-    if exit.as_ref().is_ok_and(|e| e.oom_kill) {
-        // From the guest kernel's log, as the agent read it at the end.
-        eprintln!(
-            "mvm: the sandbox's guest ran out of memory during the command: its kernel killed a process (mvm logs {name})"
-        );
-    }
-    let _ = stream.shutdown(Shutdown::Both);
-    exit.map(|e| i32::from(e.status)).map_err(|e| {
-        match cut_by.load(Ordering::SeqCst) {
-            0 => lost(name, paths, &e),
-            CUT_BY_TIMEOUT => Failure {
-                message: format!(
-                    "the command did not finish within --timeout {}s; it was killed in the sandbox",
-                    timeout.unwrap_or_default().as_secs_f64()
-                ),
-                code: exit_code::TIMEOUT,
-            },
-            // As `mvm run` ends after a signal's grace: 128 + the signal.
-            sig => Failure {
-                message: format!(
-                    "stopped by signal {sig}; the command did not end within {} s and was killed in the sandbox",
-                    TERMINATE_GRACE.as_secs()
-                ),
-                code: 128 + sig,
-            },
+    let call = join::Call {
+        request,
+        interactive: args.interactive,
+        raw_terminal: args.tty && args.interactive,
+        timeout,
+    };
+    let ended = join::run(stream, call, || {}).map_err(setup_failure)?;
+    match ended {
+        join::Ended::Exited(exit) => {
+            if exit.oom_kill {
+                // From the guest kernel's log, as the agent read it at the end.
+                eprintln!(
+                    "mvm: the sandbox's guest ran out of memory during the command: its kernel killed a process (mvm logs {name})"
+                );
+            }
+            Ok(i32::from(exit.status))
         }
-    })
+        join::Ended::Lost(e) => Err(lost(name, paths, &e)),
+        join::Ended::Cut {
+            by: join::CUT_BY_TIMEOUT,
+        } => Err(Failure {
+            message: format!(
+                "the command did not finish within --timeout {}s; it was killed in the sandbox",
+                timeout.unwrap_or_default().as_secs_f64()
+            ),
+            code: exit_code::TIMEOUT,
+        }),
+        // As `mvm run` ends after a signal's grace: 128 + the signal.
+        join::Ended::Cut { by: sig } => Err(Failure {
+            message: format!(
+                "stopped by signal {sig}; the command did not end within {} s and was killed in the sandbox",
+                TERMINATE_GRACE.as_secs()
+            ),
+            code: 128 + sig,
+        }),
+    }
 }
 
 /// The command's channel broke (exit 121, as for `mvm run`). If the
@@ -235,62 +215,4 @@ fn request(paths: &Paths, args: &CommandArgs, argv: Vec<String>) -> Result<ExecR
     request.tty = args.tty;
     (request.rows, request.cols) = if args.tty { terminal::size() } else { (0, 0) };
     Ok(request)
-}
-
-/// Cuts the channel after `wait` unless the exec ended first (the agent
-/// then kills the command), noting `why` in `cut_by` for the exit status.
-fn cut_after(
-    wait: Duration,
-    stream: &UnixStream,
-    cut_by: Arc<AtomicI32>,
-    why: i32,
-) -> Result<(), Failure> {
-    let cut = stream
-        .try_clone()
-        .map_err(|e| setup_failure(format!("cannot use the exec channel: {e}")))?;
-    thread::spawn(move || {
-        thread::sleep(wait);
-        let _ = cut_by.compare_exchange(0, why, Ordering::SeqCst, Ordering::SeqCst);
-        let _ = cut.shutdown(Shutdown::Both);
-    });
-    Ok(())
-}
-
-/// Ctrl-C, SIGQUIT, SIGTERM and SIGHUP go to the command; SIGWINCH
-/// resizes its terminal. After SIGTERM or SIGHUP the command gets the
-/// grace period, then the channel is cut (the agent kills the command)
-/// and `cut_by` says by which signal.
-fn forward_signals(
-    writer: Writer,
-    stream: &UnixStream,
-    cut_by: Arc<AtomicI32>,
-) -> Result<(), Failure> {
-    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH])
-        .map_err(|e| setup_failure(format!("cannot install signal handlers: {e}")))?;
-    let cut = stream
-        .try_clone()
-        .map_err(|e| setup_failure(format!("cannot use the exec channel: {e}")))?;
-    thread::Builder::new()
-        .name("mvm-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                let msg = match sig {
-                    SIGWINCH => {
-                        let (rows, cols) = terminal::size();
-                        Message::Resize(Resize { rows, cols })
-                    }
-                    _ => Message::Signal(Signal { signal: sig }),
-                };
-                if sig == SIGTERM || sig == SIGHUP {
-                    let _ = cut_after(TERMINATE_GRACE, &cut, cut_by.clone(), sig);
-                }
-                let writer = writer.clone();
-                // Off this thread: a send may wait for the guest's credit.
-                thread::spawn(move || {
-                    let _ = client::send(&writer, &msg);
-                });
-            }
-        })
-        .map_err(|e| setup_failure(format!("cannot start the signal thread: {e}")))?;
-    Ok(())
 }
