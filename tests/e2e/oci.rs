@@ -119,18 +119,24 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
     let script = "cat /etc/marker; cat /data/f; echo env=$FROM_BUNDLE; \
                   uname -r; cat /proc/sys/kernel/hostname; echo to-stderr >&2; exit 3";
     let killed = "trap 'echo got-term; exit 7' TERM; echo ready; while true; do sleep 1; done";
+    let on_tty = "echo tty-main; stty size; [ -t 0 ] && [ -t 1 ] && echo main-on-tty; \
+                  echo main-waits; read line; echo main-got-$line; exit 2";
+    let mut tty: serde_json::Value = serde_json::from_str(&config(&["sh", "-c", on_tty])).unwrap();
+    tty["process"]["terminal"] = true.into();
     let mut setup = make_bundles(
         &nonce,
         &[
             ("exit", config(&["sh", "-c", script])),
             ("kill", config(&["sh", "-c", killed])),
             ("crash", config(&["sh", "-c", killed])),
+            ("tty", tty.to_string()),
         ],
     );
     setup.push_str(&format!(
         "{shim} {rt} /run/tmp/oci/root /run/tmp/oci/exit c-exit | sed 's/^/exit:/'\n\
          {shim} {rt} /run/tmp/oci/root /run/tmp/oci/kill c-kill TERM | sed 's/^/kill:/'\n\
-         {shim} {rt} /run/tmp/oci/root /run/tmp/oci/crash c-crash KILL | sed 's/^/crash:/'\n"
+         {shim} {rt} /run/tmp/oci/root /run/tmp/oci/crash c-crash KILL | sed 's/^/crash:/'\n\
+         {shim} {rt} /run/tmp/oci/root /run/tmp/oci/tty c-tty tty | sed 's/^/tty:/'\n"
     ));
     let run = call(&setup);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -212,6 +218,31 @@ fn a_shim_creates_starts_waits_for_and_deletes_a_container() {
     assert_eq!(value(&crash, "signal"), "9", "{crash:#?}");
     assert_eq!(value(&crash, "state-after-exit"), "stopped");
     assert_eq!(value(&crash, "delete").trim(), "0");
+
+    // process.terminal: the pty's controlling end comes over the console
+    // socket; the command in the guest is on a terminal (24x80: the shim
+    // set no size), reads a line typed on that pty, and its status is the
+    // container's. An exec --tty gets a pty of its own, with its
+    // consoleSize.
+    let tty = of("tty:");
+    assert_eq!(value(&tty, "create"), "0", "{tty:#?}");
+    assert_eq!(value(&tty, "start").trim(), "0", "{tty:#?}");
+    for want in [
+        "main:tty-main",
+        "main:24 80",
+        "main:main-on-tty",
+        "main:main-got-typed",
+    ] {
+        assert!(tty.contains(&want), "no {want} in {tty:#?}");
+    }
+    assert_eq!(value(&tty, "exec").trim(), "0", "{tty:#?}");
+    assert!(tty.contains(&"exec:30 100"), "{tty:#?}");
+    assert!(tty.contains(&"exec:exec-on-tty"), "{tty:#?}");
+    assert_eq!(value(&tty, "exec-waited"), "true", "{tty:#?}");
+    assert_eq!(value(&tty, "exec-exit"), "5", "{tty:#?}");
+    assert_eq!(value(&tty, "waited"), "true", "{tty:#?}");
+    assert_eq!(value(&tty, "exit"), "2", "{tty:#?}");
+    assert_eq!(value(&tty, "delete").trim(), "0", "{tty:#?}");
 }
 
 #[test]

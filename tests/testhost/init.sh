@@ -62,6 +62,9 @@ mount -t proc proc /proc || die "mount /proc"
 mount -t sysfs sysfs /sys || die "mount /sys"
 mount -t tmpfs -o mode=1777 tmpfs /tmp || die "mount /tmp"
 mount -t tmpfs -o mode=0755 tmpfs /run || die "mount /run"
+# Ptys, as on any Linux machine: `mvm oci` opens one for a container with a
+# terminal (/dev/ptmx finds its instance at /dev/pts).
+mkdir -p /dev/pts && mount -t devpts -o ptmxmode=0666 devpts /dev/pts || die "mount /dev/pts"
 # The test host's loopback, as on any Linux machine: tests put servers on
 # 127.0.0.1 here (e.g. containment check 3's listener, which the guest's
 # own loopback must not reach). QEMU's network device is not configured.

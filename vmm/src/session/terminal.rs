@@ -3,25 +3,43 @@
 
 use std::io::{self, IsTerminal};
 
-use vmm_sys_util::terminal::Terminal;
-
+/// The terminal on stdin in raw mode, its settings as they were put back
+/// on drop. It works on fd 0 itself, never through `io::stdin().lock()`:
+/// the stdin pump holds that lock while it waits for input, so a restore
+/// that took it would wait for the user's next key after the command
+/// ended.
 pub struct RawMode {
-    active: bool,
+    saved: Option<libc::termios>,
 }
 
 impl RawMode {
     /// Puts stdin in raw mode if it is a terminal; a no-op otherwise.
     pub fn enter() -> Self {
-        let stdin = io::stdin();
-        let active = stdin.is_terminal() && stdin.lock().set_raw_mode().is_ok();
-        Self { active }
+        if !io::stdin().is_terminal() {
+            return Self { saved: None };
+        }
+        // SAFETY: termios is plain old data; all-zero is a valid value.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: tcgetattr writes a termios into the valid pointer given.
+        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut saved) } != 0 {
+            return Self { saved: None };
+        }
+        let mut raw = saved;
+        // SAFETY: cfmakeraw only changes the termios given.
+        unsafe { libc::cfmakeraw(&mut raw) };
+        // SAFETY: tcsetattr reads the valid termios given.
+        match unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw) } {
+            0 => Self { saved: Some(saved) },
+            _ => Self { saved: None },
+        }
     }
 }
 
 impl Drop for RawMode {
     fn drop(&mut self) {
-        if self.active {
-            let _ = io::stdin().lock().set_canon_mode();
+        if let Some(saved) = &self.saved {
+            // SAFETY: tcsetattr reads the valid termios given.
+            unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, saved) };
         }
     }
 }
