@@ -1,8 +1,9 @@
 //! containerd for real: Debian's containerd, its runc shim and ctr
 //! (build/containerd, scripts/bundle-containerd.sh) started in the test
-//! host by tests/e2e/peers/containerd.sh, the suite's test image imported
-//! with `ctr image import`, then `ctr run --runc-binary mvm-oci` runs
-//! commands in mvm microVMs through the shim, the way a cluster's
+//! host by tests/e2e/peers/containerd.sh, the suite's two-layer test image
+//! and then the project's default image (Debian, an OCI layout that `make`
+//! builds) imported with `ctr image import`, then `ctr run --runc-binary
+//! mvm-oci` runs commands in mvm microVMs through the shim, the way a cluster's
 //! RuntimeClass would (docs/kubernetes.md). The control for "it ran in
 //! mvm's guest" is the test host's own kernel command line, read by the
 //! same script: it has no `mvm.agent`. (runc cannot be the control here:
@@ -16,9 +17,17 @@ use mvm_e2e::{build_dir, mvm_with, repo_root, Options};
 const CTR: &str = "/mvm/containerd/bin/ctr";
 const IMAGE: &str = "mvm-test/layers:layers";
 
+/// The project's default image (`make`'s Debian, an OCI layout under
+/// build/), imported as an OCI archive under this name.
+const DEFAULT_IMAGE: &str = "mvm/default:debian-bookworm";
+
 fn run_cmd(rt: &str, id: &str, extra: &str, script: &str) -> String {
+    run_image(rt, id, extra, IMAGE, script)
+}
+
+fn run_image(rt: &str, id: &str, extra: &str, image: &str, script: &str) -> String {
     format!(
-        "{CTR} run --rm --snapshotter native --runc-binary {rt} {extra} {IMAGE} {id} sh -c '{script}'"
+        "{CTR} run --rm --snapshotter native --runc-binary {rt} {extra} {image} {id} sh -c '{script}'"
     )
 }
 
@@ -51,8 +60,12 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
         "cat /keep/new; uname -r; grep -c mvm.agent /proc/cmdline; echo exec-to-stderr >&2; exit 5";
     let exec_trap =
         "trap \"echo exec-got-term; exit 4\" TERM; touch /share/e2; while true; do sleep 1; done";
+    // The default image: Debian's own files and tools, in mvm's guest.
+    let default_probe =
+        "cat /etc/debian_version; python3 --version; git --version; grep -c mvm.agent /proc/cmdline";
     let script = format!(
         "set -u\n\
+         mount -o remount,size=2600M /run\n\
          sh tests/e2e/peers/containerd.sh {layout} || exit 1\n\
          export CONTAINERD_ADDRESS=/run/tmp/ctd/containerd.sock CONTAINERD_NAMESPACE=mvm\n\
          mkdir -p /run/tmp/ctd/share\n\
@@ -75,14 +88,24 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
          {CTR} task rm c-kill 2>&1 | sed 's/^/task-rm:/'\n\
          {CTR} container rm c-kill; echo \"container-rm=$?\"\n\
          echo \"tasks=$({CTR} task ls -q | wc -l) containers=$({CTR} container ls -q | wc -l)\"\n\
+         tar -C ${{MVM_BUILD:-/mvm}}/share/mvm/images/debian -cf /run/tmp/ctd/default.tar . \
+           && {CTR} image import --snapshotter native --base-name mvm/default /run/tmp/ctd/default.tar >/dev/null\n\
+         echo \"default-import=$?\"; rm -f /run/tmp/ctd/default.tar\n\
+         {run_default} >/run/tmp/ctd/dout 2>&1; echo \"default-status=$?\"\n\
+         sed 's/^/default-out:/' /run/tmp/ctd/dout\n\
          kill $(cat /run/tmp/ctd/containerd.pid)\n",
         layout = layout.display(),
         run_mvm = run_cmd(mvm, "c-mvm", "", probe),
+        run_default = run_image(mvm, "c-default", "", DEFAULT_IMAGE, default_probe),
     );
     let run = mvm_with(
         &Options {
             setup: Some(&script),
-            testhost_timeout: Some(400),
+            testhost_timeout: Some(700),
+            // The default image unpacked twice by the native snapshotter
+            // (the image's snapshot and the container's copy of it, 490
+            // MiB each) and its archive: more than 2 GiB's tmpfs holds.
+            env: &[("MVM_TESTHOST_MEMORY", "3072")],
             ..Options::default()
         },
         &["--version"],
@@ -148,4 +171,22 @@ fn ctr_runs_kills_and_removes_containers_in_mvm_microvms() {
     );
     assert!(has("container-rm=0"), "{lines:#?}");
     assert!(has("tasks=0 containers=0"), "{lines:#?}");
+    // The project's default image, imported as an OCI archive, runs in
+    // mvm's guest (its command line; the control above).
+    assert!(has("default-import=0"), "{lines:#?}");
+    assert!(has("default-status=0"), "{lines:#?}");
+    let default_out: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("default-out:"))
+        .collect();
+    assert!(
+        matches!(
+            default_out[..],
+            [debian, python, git, "1"]
+                if debian.starts_with("12.")
+                    && python.starts_with("Python 3.")
+                    && git.starts_with("git version")
+        ),
+        "{lines:#?}"
+    );
 }
