@@ -451,6 +451,70 @@ def measure(runs, n):
     return values, failures
 
 
+PHASE_LINE = re.compile(r"^mvm: phase: \+([0-9.]+) ms (.*)$")
+
+
+def phase_spans(runs, n, m):
+    """[(phase, median span ms, median end ms)] over the timed runs labelled
+    m, in the order of their median ends: each phase's span is from the
+    phase before it in the same run (`--print-stats`' timeline; "guest:"
+    phases by the guest's clock, from the request's arrival), with the
+    process's start before mvm's clock and its exit after the last phase."""
+    spans, ends = {}, {}
+    for i in range(1, n + 1):
+        r = runs.get(f"{m}.run.{i}")
+        if not r or r.why_failed() is not None:
+            continue
+        # In mvm's own order: it prints them by time, moments taken
+        # together in the order taken (a sort here would order ties by
+        # name).
+        marks = [(float(mm.group(1)), mm.group(2)) for fd, _, t in r.lines
+                 if fd == 2 for mm in [PHASE_LINE.match(t)] if mm]
+        before = 0.0
+        for at, name in marks:
+            spans.setdefault(name, []).append(at - before)
+            ends.setdefault(name, []).append(at)
+            before = at
+        # exectime's clock starts at the fork, mvm's at its main; the
+        # phase lines are printed as soon as "teardown done" is taken, so
+        # the first one's arrival is that moment on exectime's clock:
+        # what lies before mvm's clock and after its last phase.
+        printed = r.first_line(2, "mvm: phase: ")
+        if marks and r.exit and printed:
+            start = printed[0] - marks[-1][0]
+            spans.setdefault("process start (fork to main)", []).append(max(0.0, start))
+            ends.setdefault("process start (fork to main)", []).append(-1.0)
+            spans.setdefault("process exit (teardown done to reaped)", []).append(
+                max(0.0, r.exit[0] - printed[0]))
+            ends.setdefault("process exit (teardown done to reaped)", []).append(r.exit[0])
+    rows = [(name, statistics.median(v), statistics.median(ends[name])) for name, v in spans.items()]
+    return sorted(rows, key=lambda row: row[2])
+
+
+def phase_table(runs, n):
+    """Markdown: where the cold and the restored runs' time goes."""
+    cold = {name: span for name, span, _ in phase_spans(runs, n, "mvm")}
+    tpl = phase_spans(runs, n, "tpl")
+    if not tpl:
+        return []
+    order = [name for name, _, _ in tpl] + [name for name in cold if name not in {t[0] for t in tpl}]
+    tspan = {name: span for name, span, _ in tpl}
+    out = [
+        "",
+        "Where the time goes (`--print-stats` timeline of the timed runs: each phase's median span "
+        "from the phase before it, ms; \"guest:\" phases by the guest's clock from the request's "
+        "arrival; rows in the template run's order, then the cold run's own):",
+        "",
+        "| phase (span up to it) | mvm, template | mvm |",
+        "| --- | --- | --- |",
+    ]
+    for name in order:
+        t = f"{tspan[name]:.1f}" if name in tspan else "-"
+        c = f"{cold[name]:.1f}" if name in cold else "-"
+        out.append(f"| {name} | {t} | {c} |")
+    return out
+
+
 def fmt(v, unit):
     return f"{v:.0f}" if unit == "KiB" or v >= 100 else f"{v:.1f}"
 
@@ -626,6 +690,7 @@ def main():
         f"{int(info.get('template-kib', '0')) / 1024:.1f} MiB on disk (a sparse file of "
         f"{GUEST_MIB} MiB: the guest's data pages).",
     ]
+    lines += phase_table(runs, args.runs)
     na = [(m, key, label, why_na(m, key)) for key, label, _ in METRICS for m, _ in MONITORS
           if why_na(m, key)]
     if na:

@@ -13,7 +13,8 @@ pub mod version;
 
 pub use frame::{Decoder, FrameError, FrameReader, LEN_BYTES, MAX_FRAME};
 pub use message::{
-    ErrorReport, ExecRequest, Exit, Hello, Kind, Message, MessageError, Resize, Signal, StdinCredit,
+    ErrorReport, ExecRequest, Exit, GuestPhase, Hello, Kind, Message, MessageError, Resize, Signal,
+    StdinCredit,
 };
 pub use setup::{
     check_hostname, HostnameProblem, Setup, SetupError, CA_BUNDLE_PATH, DEFAULT_HOSTNAME,

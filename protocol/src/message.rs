@@ -190,7 +190,10 @@ pub struct StdinCredit {
 /// `signal` is set; `status` is the shell's `$?` for it. `oom_kill`: the
 /// guest kernel's OOM killer killed a process (the command or another)
 /// while the command ran, as the kernel's log says; left out when false.
-/// It only informs the user: a guest can claim it falsely.
+/// It only informs the user: a guest can claim it falsely. `guest_phases`:
+/// where the guest's time went between the request's arrival and the
+/// `Exit`, for `--print-stats` (left out when empty); likewise only
+/// informative.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Exit {
     pub code: Option<i32>,
@@ -198,6 +201,16 @@ pub struct Exit {
     pub status: u8,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub oom_kill: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guest_phases: Vec<GuestPhase>,
+}
+
+/// One phase of the guest's work on a request: `name` ended `after_ns`
+/// after the request arrived, by the guest's monotonic clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestPhase {
+    pub name: String,
+    pub after_ns: u64,
 }
 
 impl Exit {
@@ -208,6 +221,7 @@ impl Exit {
             signal: None,
             status: (code & 0xff) as u8,
             oom_kill: false,
+            guest_phases: Vec::new(),
         }
     }
 
@@ -219,6 +233,7 @@ impl Exit {
             signal: Some(signal),
             status,
             oom_kill: false,
+            guest_phases: Vec::new(),
         }
     }
 }
@@ -396,6 +411,25 @@ mod tests {
             )
             .unwrap(),
             Message::Exit(oom)
+        );
+        let timed = Exit {
+            guest_phases: vec![GuestPhase {
+                name: "command started".into(),
+                after_ns: 1_500,
+            }],
+            ..Exit::exited(0)
+        };
+        assert_eq!(
+            text(Message::Exit(timed.clone())),
+            r#"{"code":0,"signal":null,"status":0,"guest_phases":[{"name":"command started","after_ns":1500}]}"#
+        );
+        assert_eq!(
+            Message::decode(
+                Kind::Exit.byte(),
+                &text(Message::Exit(timed.clone())).into_bytes()
+            )
+            .unwrap(),
+            Message::Exit(timed)
         );
         assert_eq!(
             text(Message::Error(ErrorReport {

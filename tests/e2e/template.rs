@@ -27,7 +27,7 @@ for i in 1 2; do
   $MVM run --print-stats -- sh -c "$PROBE" >/run/tmp/r$i.out 2>/run/tmp/r$i.err
   echo "run $i: status $?"
   sed "s/^/r$i: /" /run/tmp/r$i.out
-  grep -h 'boot to init\|warning' /run/tmp/r$i.err | sed "s/^/r$i err: /"
+  grep -h 'boot to init\|warning\|phase: .*\(guest\|template\)' /run/tmp/r$i.err | sed "s/^/r$i err: /"
 done
 echo "host-clock: $(date +%s)"
 printf x | dd of="$T/$key/state.json" bs=1 seek=100 conv=notrunc 2>/dev/null
@@ -84,6 +84,30 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
             )),
             "run {i} was not restored: {text}"
         );
+    }
+    // Where a restored run's time goes: the memory copied (a workspace
+    // is shared), then the guest's own steps in order, from its Exit.
+    for i in 1..=2 {
+        let phases: Vec<&str> = line(&format!("r{i} err: mvm: phase: "))
+            .into_iter()
+            .filter_map(|l| l.split_once(" ms ").map(|(_, name)| name))
+            .collect();
+        let order = [
+            "template found",
+            "guest memory copied from the template",
+            "guest: clock set, entropy added and reseeded",
+            "guest: image root mounted (overlay entered)",
+            "guest: shares mounted",
+            "guest: command started",
+            "guest: command exited",
+            "guest: status announced, file systems synced",
+        ];
+        let seen: Vec<&str> = phases
+            .iter()
+            .copied()
+            .filter(|p| order.contains(p))
+            .collect();
+        assert_eq!(seen, order, "run {i}'s timeline: {text}");
     }
     let (r1, r2) = (line("r1: "), line("r2: "));
     assert_eq!(r1.len(), 5, "{text}");

@@ -2,20 +2,21 @@
 //! the run ends, printed by `--print-stats` as `mvm: phase: +MS NAME`
 //! (docs/benchmarks.md, "The timeline"). Taking one costs a clock read.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 #[derive(Debug, Default, Clone)]
-pub struct Timeline(Vec<(&'static str, Instant)>);
+pub struct Timeline(Vec<(Cow<'static, str>, Instant)>);
 
 impl Timeline {
     /// `name` ends now.
     pub fn mark(&mut self, name: &'static str) {
-        self.0.push((name, Instant::now()));
+        self.0.push((Cow::Borrowed(name), Instant::now()));
     }
 
     /// `name` ended at `at` (a moment taken elsewhere, e.g. a guest marker).
-    pub fn mark_at(&mut self, name: &'static str, at: Instant) {
-        self.0.push((name, at));
+    pub fn mark_at(&mut self, name: impl Into<Cow<'static, str>>, at: Instant) {
+        self.0.push((name.into(), at));
     }
 
     pub fn extend(&mut self, other: &Timeline) {
@@ -23,14 +24,14 @@ impl Timeline {
     }
 
     /// Every moment as milliseconds after `start`, in time order.
-    pub fn since(&self, start: Instant) -> Vec<(f64, &'static str)> {
-        let mut out: Vec<(f64, &'static str)> = self
+    pub fn since(&self, start: Instant) -> Vec<(f64, &str)> {
+        let mut out: Vec<(f64, &str)> = self
             .0
             .iter()
             .map(|(name, at)| {
                 (
                     at.saturating_duration_since(start).as_secs_f64() * 1e3,
-                    *name,
+                    name.as_ref(),
                 )
             })
             .collect();

@@ -17,6 +17,7 @@ pub mod finish;
 pub mod handshake;
 pub mod inbound;
 pub mod kernel_log;
+pub mod phases;
 pub mod pty;
 pub mod queue;
 pub mod relay;
@@ -90,7 +91,10 @@ fn greet(conn: OwnedFd) -> Result<(OwnedFd, Asked), u32> {
         return Err(INIT_FAILURE);
     }
     match handshake::read_exec(&mut stream) {
-        Ok(asked) => Ok((stream.0, asked)),
+        Ok(asked) => {
+            phases::begin();
+            Ok((stream.0, asked))
+        }
         Err(err) => Err(fail(stream.0, err.to_string())),
     }
 }
@@ -111,6 +115,7 @@ fn prepare_machine(request: &ExecRequest) -> Result<(), String> {
     if request.egress {
         crate::forwarder::start()
             .map_err(|err| format!("cannot start the egress forwarder: {err}"))?;
+        phases::mark("egress forwarder started");
     }
     Ok(())
 }
@@ -135,6 +140,7 @@ fn run_command(conn: OwnedFd, request: &ExecRequest, last: Last) -> u32 {
     if let Err(err) = account::apply(request, &mut prepared) {
         return fail(conn, err);
     }
+    phases::mark("command prepared (its user and files looked up)");
     if prepared.tty {
         // A failure shows up as the pty failing to open, with its reason.
         let _ = pty::ensure_ptmx();
@@ -150,9 +156,11 @@ fn run_command(conn: OwnedFd, request: &ExecRequest, last: Last) -> u32 {
         Ok(child) => child,
         Err(err) => return fail(conn, err.to_string()),
     };
+    phases::mark("command started");
     let pid = child.pid;
     let first = child.failure_reports(&prepared);
     let mut before_exit = move |exit: &mut Exit| {
+        phases::mark("command exited");
         exit.oom_kill = kernel_log.oom_kill_since()
             || (exit.signal == Some(libc::SIGKILL) && {
                 // The killer logs right after it sends SIGKILL; on another
@@ -165,7 +173,9 @@ fn run_command(conn: OwnedFd, request: &ExecRequest, last: Last) -> u32 {
         // be out before it.
         if last == Last::Yes {
             shutdown::announce(exit.status.into());
+            phases::mark("status announced, file systems synced");
         }
+        exit.guest_phases = phases::take();
     };
     let outcome = fd::set_nonblocking(conn.as_fd())
         .and_then(|()| Relay::new(conn.as_fd(), &signals, child, &first))

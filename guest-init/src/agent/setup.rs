@@ -16,6 +16,7 @@ use std::os::fd::AsRawFd;
 
 use mvm_protocol::{Setup, SETUP_ENTROPY_BYTES};
 
+use super::phases;
 use crate::cmdline::{self, Share};
 use crate::error::Error;
 use crate::{hostname, mounts, rootfs, say, shares};
@@ -61,6 +62,7 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
     let name = setup.hostname()?;
     set_clock(setup.wall_clock_ns).map_err(SetupError::Clock)?;
     reseed(&entropy).map_err(SetupError::Entropy)?;
+    phases::mark("clock set, entropy added and reseeded");
     if let Some(root) = root {
         // A machine restored from a template may have read another
         // image's first blocks (the kernel's partition scan at probe):
@@ -71,6 +73,7 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         rootfs::enter(&root, setup.upper_on_disk)?;
         // Before the shares, which may lie inside it: /root keeps its mode.
         mounts::ensure_dir(c"/root", 0o700)?;
+        phases::mark("image root mounted (overlay entered)");
     }
     if let Some(pem) = &setup.trust {
         trust(pem)?;
@@ -84,6 +87,9 @@ pub fn apply(setup: &Setup) -> Result<(), SetupError> {
         // The documented line of its own (docs/protocol.md).
         say!("{err}");
         return Err(err.into());
+    }
+    if !shares.is_empty() {
+        phases::mark("shares mounted");
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use mvm_devices::legacy::BOOT_MARKER_INIT_READY;
 
 use super::{
     confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure,
-    Failure, VmArgs, BASE_CMDLINE,
+    Failure, SessionMoments, VmArgs, BASE_CMDLINE,
 };
 use crate::console::ConsoleOutput;
 use crate::machine::{self, boot, Machine, Outcome, StopReason};
@@ -77,8 +77,7 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
         &front,
         &machine,
         &ended,
-        None,
-        None,
+        SessionMoments::default(),
     );
     match ended.outcome {
         Outcome::Exited(_) | Outcome::Stopped => Ok(0),

@@ -28,7 +28,7 @@ pub use failure::Failure;
 pub use vm_args::VmArgs;
 
 pub(crate) use failure::{outcome_failure, setup_failure, vmm_failure};
-pub(crate) use stats::print_stats;
+pub(crate) use stats::{print_stats, SessionMoments};
 pub(crate) use vm_args::{beside_binary, confine_vmm, refuse_software_kvm};
 
 /// Kernel parameters every mvm guest gets (devices add their own): a

@@ -17,8 +17,8 @@ use super::launch::{launch, Launched, Spec, Templates};
 use super::request::{exec_request, root_disk, scratch_bytes};
 use super::template_save::save_template;
 use super::{
-    outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure, Failure, VmArgs,
-    BASE_CMDLINE,
+    outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure, Failure,
+    SessionMoments, VmArgs, BASE_CMDLINE,
 };
 use crate::config::{RootDir, VmConfig};
 use crate::exit_code;
@@ -328,7 +328,8 @@ fn run_in_vm(
         front.mark("template saved");
     }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
-    if let Some(at) = session.command_started() {
+    let command_sent = session.command_started();
+    if let Some(at) = command_sent {
         front.mark_at("agent connected, command sent", at);
     }
     let guest_init_clock = session.guest_init_clock();
@@ -340,8 +341,16 @@ fn run_in_vm(
         &front,
         &machine,
         &ended,
-        result.as_ref().ok().map(|(_, at)| *at),
-        guest_init_clock,
+        SessionMoments {
+            exit_received: result.as_ref().ok().map(|(_, at)| *at),
+            guest_init_clock,
+            guest_phases: command_sent.zip(
+                result
+                    .as_ref()
+                    .ok()
+                    .map(|(exit, _)| exit.guest_phases.as_slice()),
+            ),
+        },
     );
     if let Some((proxy, _)) = egress.as_mut() {
         // The VM is gone: what it left open is cut and logged first.

@@ -3,23 +3,38 @@
 use std::time::{Duration, Instant};
 
 use mvm_devices::legacy::{BOOT_MARKER_INIT_READY, BOOT_MARKER_INIT_STARTED};
+use mvm_protocol::GuestPhase;
 
 use crate::machine::{Ended, Machine};
 use crate::timeline::Timeline;
 
+/// What the exec session saw of the guest, for the timeline.
+#[derive(Debug, Default)]
+pub(crate) struct SessionMoments<'a> {
+    /// When the command's exit status arrived (`mvm run`).
+    pub exit_received: Option<Instant>,
+    /// The guest kernel's clock at guest-init's boot marker (the hello).
+    pub guest_init_clock: Option<Duration>,
+    /// When the command was sent, and the agent's moments after its
+    /// arrival (its `Exit`).
+    pub guest_phases: Option<(Instant, &'a [GuestPhase])>,
+}
+
 /// `started`: when mvm started; `front`: the front end's own moments;
-/// `teardown_from`: when the command's exit status arrived (`mvm run`);
-/// `guest_init_clock`: the guest kernel's clock at guest-init's boot
-/// marker, from the agent's hello.
+/// `session`: the exec session's.
 pub(crate) fn print_stats(
     wanted: bool,
     started: Instant,
     front: &Timeline,
     machine: &Machine,
     ended: &Ended,
-    teardown_from: Option<Instant>,
-    guest_init_clock: Option<Duration>,
+    session: SessionMoments,
 ) {
+    let SessionMoments {
+        exit_received: teardown_from,
+        guest_init_clock,
+        guest_phases,
+    } = session;
     if !wanted {
         return;
     }
@@ -60,6 +75,17 @@ pub(crate) fn print_stats(
     }
     if let Some(at) = teardown_from {
         timeline.mark_at("command's exit status received", at);
+    }
+    // Placed from the moment the request was sent (the guest counts from
+    // its arrival): each lands early by the request's way to the guest.
+    for (sent, phase) in guest_phases
+        .into_iter()
+        .flat_map(|(at, ps)| ps.iter().map(move |p| (at, p)))
+    {
+        timeline.mark_at(
+            format!("guest: {}", phase.name),
+            sent + Duration::from_nanos(phase.after_ns),
+        );
     }
     timeline.mark("teardown done");
     for (ms, name) in timeline.since(started) {

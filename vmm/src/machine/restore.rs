@@ -36,16 +36,20 @@ pub fn restore_loaded(
             config.vcpus
         )));
     }
-    let mem = if config.shares.is_empty() {
+    let (mem, memory_phase) = if config.shares.is_empty() {
         // Untouched pages come from the file through the page cache,
         // shared with every machine restored from it.
-        memory::from_snapshot(&memory, &state.regions, config.mem_size)?
+        let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
+        (mem, "guest memory mapped from the template")
     } else {
         // virtiofsd maps guest memory too (MAP_SHARED), which a private
         // mapping of the file cannot be: a memfd with a copy of its data.
-        memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?
+        let mem = memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?;
+        (mem, "guest memory copied from the template")
     };
+    let memory_done = std::time::Instant::now();
     let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem))?;
+    machine.timeline.mark_at(memory_phase, memory_done);
     state.vm.restore(&machine.vm)?;
     machine.timeline.mark("vm state restored");
     for (vcpu, saved) in machine.vcpus.iter().zip(&state.vcpus) {
