@@ -11,8 +11,9 @@
 use mvm_e2e::{mvm_with, Options};
 
 /// What a restored run prints: boot id, 16 random bytes, the guest's
-/// clock, a line of the workspace, the image's Debian version.
-const PROBE: &str = "cat /proc/sys/kernel/random/boot_id; head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s; head -1 /workspace/Cargo.toml; cat /etc/debian_version";
+/// clock, a line of the workspace, the image's Debian version, and the
+/// boot id read again (the control: it is the boot's, not the read's).
+const PROBE: &str = "cat /proc/sys/kernel/random/boot_id; head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s; head -1 /workspace/Cargo.toml; cat /etc/debian_version; cat /proc/sys/kernel/random/boot_id";
 
 const AFTER: &str = r#"
 PROBE=$PROBE
@@ -110,8 +111,14 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         assert_eq!(seen, order, "run {i}'s timeline: {text}");
     }
     let (r1, r2) = (line("r1: "), line("r2: "));
-    assert_eq!(r1.len(), 5, "{text}");
-    assert_eq!(r2.len(), 5, "{text}");
+    assert_eq!(r1.len(), 6, "{text}");
+    assert_eq!(r2.len(), 6, "{text}");
+    // The control for the boot ids: read twice in one run, the same one
+    // (a file that changed on every read would tell two runs apart
+    // whether or not they were twins).
+    for r in [&r1, &r2] {
+        assert_eq!(r[0], r[5], "a boot id that changes within a run: {text}");
+    }
     assert_ne!(r1[0], r2[0], "the same boot id twice: {text}");
     assert_ne!(r1[1], r2[1], "the same random bytes twice: {text}");
     assert_eq!(r1[1].len(), 32, "{text}");
