@@ -103,9 +103,10 @@ struct Manifest {
     mvm_version: String,
     state_sha256: String,
     /// XXH3-128 of the data pages ([`hash_page`]): it finds a damaged or
-    /// altered file, as SHA-256 did at a tenth of its speed; it proves
-    /// nothing about who wrote the file, which the owner-only store does
-    /// (anyone who could change the file could change this line too).
+    /// altered file as SHA-256 did, without being most of a template's
+    /// save (docs/snapshots.md); it proves nothing about who wrote the
+    /// file, which the owner-only store does (anyone who could change the
+    /// file could change this line too).
     memory_xxh3_128: String,
     memory_len: u64,
 }
