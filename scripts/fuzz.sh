@@ -48,6 +48,12 @@ echo "fuzz: building $(echo "$targets" | wc -w) targets"
 
 : >"$out/summary.txt"
 status=0
+# A target's own files (the vsock target's served socket lives as long as
+# its process, which exits without unwinding) go to a directory of this
+# run's, removed however the run ends.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/mvm-fuzz-XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+trap 'exit 130' INT TERM
 for t in $targets; do
     corpus=$corpus_root/$t
     artifacts=$out/artifacts/$t
@@ -59,7 +65,7 @@ for t in $targets; do
     echo "fuzz: $t for $seconds s (log: $log)"
     # New inputs go to the first directory, the cached corpus; the
     # committed seeds are only read.
-    if "$bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    if TMPDIR=$scratch "$bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$artifacts/" \
         "$corpus" $seeds >"$log" 2>&1; then
         result=ok

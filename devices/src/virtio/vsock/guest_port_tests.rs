@@ -8,17 +8,20 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use vmm_sys_util::tempdir::TempDir;
+
 use super::defs::*;
 use super::test_driver::{Guest, Hdr, GUEST_CID};
 use super::GuestPort;
 
 const SERVED: u32 = 1080;
 
-fn socket_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mvm-vsock-gp-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("egress.sock")
+/// A served port's socket path in a directory of its own, removed with the
+/// returned guard when the test ends (pass or fail).
+fn socket_path() -> (TempDir, PathBuf) {
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("mvm-vsock-gp-")).unwrap();
+    let path = dir.as_path().join("egress.sock");
+    (dir, path)
 }
 
 fn serving(path: &Path) -> Guest {
@@ -50,7 +53,7 @@ fn guest_connects(g: &mut Guest, listener: &UnixListener, guest_port: u32) -> Un
 
 #[test]
 fn a_guest_connection_to_a_served_port_reaches_its_socket() {
-    let path = socket_path("data");
+    let (_dir, path) = socket_path();
     let listener = UnixListener::bind(&path).unwrap();
     let mut g = serving(&path);
     g.give_rx(8, 4096);
@@ -98,7 +101,7 @@ fn a_guest_connection_to_a_served_port_reaches_its_socket() {
 
 #[test]
 fn two_guest_connections_to_one_port_stay_apart() {
-    let path = socket_path("two");
+    let (_dir, path) = socket_path();
     let listener = UnixListener::bind(&path).unwrap();
     let mut g = serving(&path);
     g.give_rx(8, 4096);
@@ -125,7 +128,7 @@ fn two_guest_connections_to_one_port_stay_apart() {
 
 #[test]
 fn without_a_listener_or_on_another_port_the_guest_gets_a_reset() {
-    let path = socket_path("none");
+    let (_dir, path) = socket_path();
     let mut g = serving(&path);
     g.give_rx(8, 4096);
     // Served port, but nothing listens on its socket.
@@ -149,7 +152,7 @@ fn without_a_listener_or_on_another_port_the_guest_gets_a_reset() {
 
 #[test]
 fn guest_connections_beyond_the_limit_are_reset() {
-    let path = socket_path("limit");
+    let (_dir, path) = socket_path();
     let listener = UnixListener::bind(&path).unwrap();
     let mut g = serving(&path);
     let mut held = Vec::new();
