@@ -1,5 +1,6 @@
 //! Templates in `mvm run` end to end (docs/snapshots.md): the first run of
-//! a machine saves it when guest-init is ready, later runs restore it,
+//! a machine copies it when guest-init is ready and writes it after its
+//! command (which does not wait for the writes), later runs restore it,
 //! with the default image and the workspace mounted after the restore.
 //! Two restored runs are not twins; a damaged or truncated template is
 //! dropped with a warning and the run boots cold (so is one whose memory
@@ -67,6 +68,37 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(run.stderr.contains("mvm: template "), "{}", run.stderr);
     assert!(run.stderr.contains(" saved in "), "{}", run.stderr);
+    // The first run's command does not wait for the template's writes:
+    // the guest is copied at its ready point, the command runs, and the
+    // copy is written once the machine has stopped.
+    let first: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("mvm: phase: "))
+        .filter_map(|l| l.split_once(" ms ").map(|(_, name)| name))
+        .filter(|name| {
+            [
+                "template copied",
+                "agent connected, command sent",
+                "guest: command exited",
+                "vm stopped",
+                "template saved",
+            ]
+            .contains(name)
+        })
+        .collect();
+    assert_eq!(
+        first,
+        [
+            "template copied",
+            "agent connected, command sent",
+            "guest: command exited",
+            "vm stopped",
+            "template saved"
+        ],
+        "the first run's timeline: {}",
+        run.stderr
+    );
     let after = run.after_lines();
     let text = after.join("\n");
     let line = |prefix: &str| -> Vec<&str> {

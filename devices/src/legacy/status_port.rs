@@ -9,11 +9,12 @@
 //! (`mvm_protocol::boot`), which guest-init uses too; docs/protocol.md
 //! describes it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use mvm_protocol::boot;
 use serde::{Deserialize, Serialize};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::BusDevice;
 use crate::state::{DeviceState, Persist, SaveError};
@@ -45,7 +46,7 @@ pub struct Report {
 }
 
 #[derive(Debug, Default, Clone)]
-pub struct GuestReport(Arc<Mutex<Report>>);
+pub struct GuestReport(Arc<Mutex<Report>>, Arc<OnceLock<EventFd>>);
 
 impl GuestReport {
     pub fn snapshot(&self) -> Report {
@@ -58,6 +59,13 @@ impl GuestReport {
             .lock()
             .map(|r| r.markers.iter().any(|(m, _)| *m == marker))
             .unwrap_or(false)
+    }
+
+    /// Has `wake` written on each new marker, so that a loop waiting for
+    /// one sleeps until it comes instead of polling (the first `wake`
+    /// given stays).
+    pub fn wake_on_marker(&self, wake: EventFd) {
+        let _ = self.1.set(wake);
     }
 
     fn update(&self, f: impl FnOnce(&mut Report)) {
@@ -110,11 +118,19 @@ impl BusDevice for StatusPort {
     fn write(&mut self, offset: u64, data: &[u8]) {
         let now = Instant::now();
         match (offset, data) {
-            (MARKER_OFFSET, [marker]) => self.report.update(|r| {
-                if !r.markers.iter().any(|(m, _)| m == marker) {
-                    r.markers.push((*marker, now));
+            (MARKER_OFFSET, [marker]) => {
+                let mut new = false;
+                self.report.update(|r| {
+                    if !r.markers.iter().any(|(m, _)| m == marker) {
+                        r.markers.push((*marker, now));
+                        new = true;
+                    }
+                });
+                if let Some(wake) = self.report.1.get().filter(|_| new) {
+                    // A full counter is still a wake-up: nothing is lost.
+                    let _ = wake.write(1);
                 }
-            }),
+            }
             (STATUS_OFFSET, [a, b, c, d]) => self.report.update(|r| {
                 r.exit_status = Some(u32::from_le_bytes([*a, *b, *c, *d]));
             }),
@@ -143,6 +159,22 @@ mod tests {
         assert_eq!(r.exit_status, Some(7));
         assert_eq!(r.markers.len(), 1);
         assert_eq!(r.markers[0].0, BOOT_MARKER_INIT_STARTED);
+    }
+
+    #[test]
+    fn a_new_marker_wakes_whoever_waits_and_a_repeat_does_not() {
+        let report = GuestReport::default();
+        let wake = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        report.wake_on_marker(wake.try_clone().unwrap());
+        let mut port = StatusPort::new(report.clone());
+        assert!(wake.read().is_err(), "nothing before a marker");
+        port.write(0, &[BOOT_MARKER_INIT_STARTED]);
+        assert_eq!(wake.read().unwrap(), 1);
+        port.write(0, &[BOOT_MARKER_INIT_STARTED]);
+        port.write(4, &7u32.to_le_bytes());
+        assert!(wake.read().is_err(), "a repeat or a status wakes nobody");
+        port.write(0, &[BOOT_MARKER_INIT_READY]);
+        assert_eq!(wake.read().unwrap(), 1);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! booting (`--restore`): docs/snapshots.md.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Args;
 use mvm_devices::legacy::BOOT_MARKER_INIT_READY;
@@ -17,10 +17,6 @@ use super::{
 use crate::console::ConsoleOutput;
 use crate::machine::{self, boot, Machine, Outcome, StopReason};
 use crate::timeline::Timeline;
-
-/// How often the loop looks for guest-init's ready marker while it waits
-/// to take a snapshot.
-const MARKER_POLL: Duration = Duration::from_millis(5);
 
 #[derive(Args, Debug)]
 pub struct SnapshotArgs {
@@ -116,19 +112,15 @@ fn snapshot_at_ready(
     front: &Timeline,
     started: Instant,
 ) -> Result<i32, Failure> {
-    let stopped = loop {
-        if machine.has_marker(BOOT_MARKER_INIT_READY) {
-            break false;
-        }
-        let step = Instant::now() + MARKER_POLL;
-        let until = deadline.map_or(step, |d| d.min(step));
-        if machine.run_until(Some(until)).map_err(vmm_failure)?
-            == machine::event_loop::Wait::Stopped
-        {
-            break true;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+    let stopped = match machine
+        .run_until_marker(BOOT_MARKER_INIT_READY, deadline)
+        .map_err(vmm_failure)?
+    {
+        machine::event_loop::Wait::Done => false,
+        machine::event_loop::Wait::Stopped => true,
+        machine::event_loop::Wait::Deadline => {
             machine.stop_handle().stop(StopReason::Timeout);
+            true
         }
     };
     if stopped {

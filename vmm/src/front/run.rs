@@ -15,7 +15,7 @@ use super::command_args::CommandArgs;
 use super::console_tail;
 use super::launch::{launch, Launched, Spec, Templates};
 use super::request::{exec_request, root_disk, scratch_bytes};
-use super::template_save::save_template;
+use super::template_save::{capture_at_ready, write_template, Ready};
 use super::{
     outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure, Failure,
     SessionMoments, VmArgs, BASE_CMDLINE,
@@ -320,14 +320,20 @@ fn run_in_vm(
 
     let deadline = timeout.map(|t| Instant::now() + t);
     machine.start().map_err(vmm_failure)?;
-    if let (Some(creating), Some(gate)) = (creating, gate) {
-        if save_template(&mut machine, &creating, deadline, vm.print_stats)? {
-            // The guest is ready and saved: the session may connect.
+    let mut taken = None;
+    if let (Some(creating), Some(gate)) = (&creating, gate) {
+        if let Ready::Captured(copy) = capture_at_ready(&mut machine, creating, deadline)? {
+            // The guest is ready and copied: the session may connect.
             let _ = gate.send(());
+            taken = copy;
         }
-        front.mark("template saved");
+        front.mark("template copied");
     }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
+    if let (Some(creating), Some(taken)) = (&creating, taken) {
+        write_template(taken, creating, vm.print_stats);
+        front.mark("template saved");
+    }
     let command_sent = session.command_started();
     if let Some(at) = command_sent {
         front.mark_at("agent connected, command sent", at);

@@ -96,6 +96,7 @@ pub fn create(
     timeline.mark("devices attached");
 
     let mut event_loop = EventLoop::new(stop.clone())?;
+    event_loop.watch_markers(&report)?;
     for subscriber in subscribers {
         event_loop.add_subscriber(subscriber);
     }

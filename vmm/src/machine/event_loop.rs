@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
+use vmm_sys_util::eventfd::EventFd;
 
 use mvm_devices::legacy::{GuestReport, BOOT_MARKER_INIT_READY};
 
@@ -27,6 +28,8 @@ pub enum Error {
     Create(event_manager::Error),
     #[error("the event loop failed: {0}")]
     Run(event_manager::Error),
+    #[error("cannot create the eventfd for the guest's boot markers: {0}")]
+    MarkerEvent(io::Error),
 }
 
 /// Marks the stop seen when the stop handle's eventfd fires.
@@ -46,6 +49,25 @@ impl MutEventSubscriber for StopWatcher {
         // be seen to stop, so say so loudly.
         if let Err(e) = ops.add(Events::new(self.stop.event(), EventSet::IN)) {
             eprintln!("mvm: cannot watch the VM's stop event: {e}");
+        }
+    }
+}
+
+/// Drains the eventfd the status port writes on each new boot marker: its
+/// only job is to wake the loop, whose caller then looks at the markers.
+struct MarkerWatcher {
+    wake: EventFd,
+}
+
+impl MutEventSubscriber for MarkerWatcher {
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        let _ = self.wake.read();
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        // As for the stop event: a fresh fd, so only a broken epoll fails.
+        if let Err(e) = ops.add(Events::new(&self.wake, EventSet::IN)) {
+            eprintln!("mvm: cannot watch the guest's boot markers: {e}");
         }
     }
 }
@@ -162,6 +184,8 @@ pub enum Wait {
     Stopped,
     /// The deadline passed with the VM still running.
     Deadline,
+    /// What the caller waited for happened ([`EventLoop::run_until`]).
+    Done,
 }
 
 impl EventLoop {
@@ -176,6 +200,16 @@ impl EventLoop {
             stop,
             input: None,
         })
+    }
+
+    /// Wakes the loop on each new boot marker `report` records, so that
+    /// [`EventLoop::run_until`] can wait for one without polling.
+    pub fn watch_markers(&mut self, report: &GuestReport) -> Result<(), Error> {
+        let wake = EventFd::new(libc::EFD_NONBLOCK).map_err(Error::MarkerEvent)?;
+        report.wake_on_marker(wake.try_clone().map_err(Error::MarkerEvent)?);
+        self.manager
+            .add_subscriber(Box::new(MarkerWatcher { wake }));
+        Ok(())
     }
 
     /// Adds device work (ioeventfds, backend sockets) to the loop.
@@ -202,7 +236,20 @@ impl EventLoop {
 
     /// Runs until the VM stops or `deadline` passes.
     pub fn run_until_stopped(&mut self, deadline: Option<Instant>) -> Result<Wait, Error> {
+        self.run_until(deadline, &|| false)
+    }
+
+    /// Runs until `done` says so (asked before each wait and after each
+    /// wake-up), the VM stops or `deadline` passes.
+    pub fn run_until(
+        &mut self,
+        deadline: Option<Instant>,
+        done: &dyn Fn() -> bool,
+    ) -> Result<Wait, Error> {
         while !self.stop.is_stopped() {
+            if done() {
+                return Ok(Wait::Done);
+            }
             let input_waiting = self.input.as_ref().is_some_and(ConsoleFeed::waiting);
             let mut timeout = input_waiting.then_some(INPUT_RETRY);
             if let Some(deadline) = deadline {
@@ -225,6 +272,46 @@ impl EventLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mvm_devices::bus::BusDevice;
+    use mvm_devices::legacy::{StatusPort, BOOT_MARKER_INIT_STARTED};
+
+    /// A loop waiting for a marker sleeps until the status port records
+    /// it (no polling: the deadline is far), and a marker it does not
+    /// wait for wakes it without ending the wait.
+    #[test]
+    fn a_wait_for_a_marker_ends_when_the_guest_writes_it() {
+        let stop = StopHandle::new().unwrap();
+        let mut lp = EventLoop::new(stop).unwrap();
+        let report = GuestReport::default();
+        lp.watch_markers(&report).unwrap();
+        let mut port = StatusPort::new(report.clone());
+        let guest = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            port.write(0, &[BOOT_MARKER_INIT_STARTED]);
+            std::thread::sleep(Duration::from_millis(50));
+            port.write(0, &[BOOT_MARKER_INIT_READY]);
+        });
+        let far = Instant::now() + Duration::from_secs(5);
+        let wakes = std::cell::Cell::new(0);
+        let seen = lp
+            .run_until(Some(far), &|| {
+                wakes.set(wakes.get() + 1);
+                report.has_marker(BOOT_MARKER_INIT_READY)
+            })
+            .unwrap();
+        let woke = Instant::now();
+        guest.join().unwrap();
+        assert_eq!(seen, Wait::Done);
+        // The marker ended it, not the deadline (a loop that nothing
+        // woke would have slept until then).
+        assert!(woke < far, "woken only by the deadline");
+        // Asked before the first wait and after each marker's wake-up;
+        // a poll every few milliseconds would have asked dozens of times.
+        assert!(wakes.get() <= 4, "asked {} times", wakes.get());
+        // Without the marker, the deadline ends the wait.
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert_eq!(lp.run_until(Some(soon), &|| false).unwrap(), Wait::Deadline);
+    }
 
     #[test]
     fn console_input_the_guest_does_not_take_is_bounded() {

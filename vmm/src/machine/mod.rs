@@ -13,6 +13,7 @@ pub mod attach;
 pub mod balloon;
 pub mod block;
 pub mod boot;
+pub mod capture;
 mod create;
 pub mod event_loop;
 pub mod fs;
@@ -91,6 +92,8 @@ pub enum Error {
     Snapshot(#[from] snapshot::Error),
     #[error(transparent)]
     VmState(#[from] snapshot::vm_state::Error),
+    #[error(transparent)]
+    Capture(#[from] capture::Error),
     #[error("cannot restore: {0}")]
     Restore(String),
 }
@@ -264,6 +267,21 @@ impl Machine {
     /// every device in the registry and guest RAM. Only while paused (or
     /// before the start); the machine can resume afterwards.
     pub fn snapshot(&self, dir: &Path) -> Result<(), Error> {
+        snapshot::write(dir, &self.state()?, &self.mem)?;
+        Ok(())
+    }
+
+    /// The machine's state and a copy of its RAM's data, taken in this
+    /// process so that it can resume at once and the copy be written
+    /// later ([`capture::Capture::write`]). Only while paused.
+    pub fn capture(&self) -> Result<capture::Capture, Error> {
+        Ok(capture::Capture::take(self.state()?, &self.mem)?)
+    }
+
+    /// Everything but RAM: every vCPU (read by its own thread), the VM's
+    /// in-kernel devices, every device in the registry, the memory
+    /// layout. Only while paused (or before the start).
+    fn state(&self) -> Result<MachineState, Error> {
         if !self.is_paused() {
             return Err(Error::NotPaused);
         }
@@ -278,22 +296,35 @@ impl Machine {
                 .map(VcpuHandle::save_state)
                 .collect::<Result<Vec<_>, _>>()?
         };
-        let state = MachineState {
+        Ok(MachineState {
             mem_size: self.mem.iter().map(|r| r.len()).sum(),
             cmdline: self.cmdline.clone(),
             vm: VmState::save(&self.vm)?,
             vcpus,
             devices: self.registry.save()?,
             regions: snapshot::layout(&self.mem),
-        };
-        snapshot::write(dir, &state, &self.mem)?;
-        Ok(())
+        })
     }
 
     /// Serves the devices until the machine stops or `deadline` passes,
     /// leaving the vCPUs as they are.
     pub fn run_until(&mut self, deadline: Option<Instant>) -> Result<Wait, Error> {
         Ok(self.event_loop.run_until_stopped(deadline)?)
+    }
+
+    /// Serves the devices until the guest has written boot marker
+    /// `marker` ([`Wait::Done`]), the machine stops or `deadline` passes,
+    /// leaving the vCPUs as they are. Sleeps between events: the status
+    /// port wakes the loop on each new marker.
+    pub fn run_until_marker(
+        &mut self,
+        marker: u8,
+        deadline: Option<Instant>,
+    ) -> Result<Wait, Error> {
+        let report = self.report.clone();
+        Ok(self
+            .event_loop
+            .run_until(deadline, &|| report.has_marker(marker))?)
     }
 
     /// Runs the machine to its end (a deadline that passes stops it with

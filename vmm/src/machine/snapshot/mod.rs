@@ -6,8 +6,8 @@
 //!   zeros are holes, so a freshly booted guest's file is small on disk);
 //! - `state.json`: the [`MachineState`] (vCPUs, the VM's in-kernel
 //!   devices, every device in the registry, the memory layout);
-//! - `manifest.json`: the format version, the mvm version, and the
-//!   SHA-256 of the other two.
+//! - `manifest.json`: the format version, the mvm version, the SHA-256
+//!   of the state and the XXH3-128 of the memory's data pages.
 //!
 //! It is written under a temporary name and renamed into place, so a
 //! reader finds a whole snapshot or none. Reading checks the manifest
@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use twox_hash::XxHash3_128;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+};
 
 use super::memory;
 use super::registry::DeviceStates;
@@ -115,8 +117,23 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Which parts of a region may hold data (offsets in the region); reading
+/// anywhere else must give zeros.
+pub type DataRanges<'a> = &'a dyn Fn(usize, &GuestRegionMmap) -> Vec<Range<u64>>;
+
 /// Writes `state` and `mem` as a snapshot at `dir`, which must not exist.
 pub fn write(dir: &Path, state: &MachineState, mem: &GuestMemoryMmap) -> Result<(), Error> {
+    write_with(dir, state, mem, &|_, region| memory::data_ranges(region))
+}
+
+/// [`write`], reading only `data`'s ranges of region `i` (a copy that
+/// knows what it holds: `machine::capture`).
+pub fn write_with(
+    dir: &Path,
+    state: &MachineState,
+    mem: &GuestMemoryMmap,
+    data: DataRanges,
+) -> Result<(), Error> {
     if dir.exists() {
         return Err(Error::Exists(dir.to_path_buf()));
     }
@@ -126,7 +143,7 @@ pub fn write(dir: &Path, state: &MachineState, mem: &GuestMemoryMmap) -> Result<
         name.unwrap_or_default(),
         std::process::id()
     ));
-    let result = write_into(&tmp, state, mem)
+    let result = write_into(&tmp, state, mem, data)
         .and_then(|()| fs::rename(&tmp, dir).map_err(io_err("rename the snapshot into", dir)));
     if result.is_err() {
         // Nothing half-written stays behind.
@@ -135,13 +152,18 @@ pub fn write(dir: &Path, state: &MachineState, mem: &GuestMemoryMmap) -> Result<
     result
 }
 
-fn write_into(tmp: &Path, state: &MachineState, mem: &GuestMemoryMmap) -> Result<(), Error> {
+fn write_into(
+    tmp: &Path,
+    state: &MachineState,
+    mem: &GuestMemoryMmap,
+    data: DataRanges,
+) -> Result<(), Error> {
     fs::DirBuilder::new()
         .mode(0o700)
         .create(tmp)
         .map_err(io_err("create", tmp))?;
     let memory_path = tmp.join(MEMORY);
-    let (memory_xxh3_128, memory_len) = write_memory(&memory_path, mem, &state.regions)?;
+    let (memory_xxh3_128, memory_len) = write_memory(&memory_path, mem, &state.regions, data)?;
     let state_json = serde_json::to_vec(state).map_err(|e| invalid(tmp, e.to_string()))?;
     write_file(&tmp.join(STATE), &state_json)?;
     let manifest = Manifest {
@@ -171,22 +193,24 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), Error> {
     file.sync_all().map_err(io_err("sync", path))
 }
 
-/// The regions in order, zero pages as holes; returns the SHA-256 of the
+/// The regions in order, zero pages as holes; returns the XXH3-128 of the
 /// non-zero pages ([`hash_page`]) and the file's length. Only the parts of
-/// each region that can hold data are read (`memory::data_ranges`: a
-/// shared region's data extents, a private one's resident pages), not the
-/// whole of a guest that touched little of its RAM; the pages hashed and
-/// written, and their order, are those of a read of everything.
+/// each region that can hold data are read (`data`; by default
+/// `memory::data_ranges`: a shared region's data extents, a private one's
+/// resident pages), not the whole of a guest that touched little of its
+/// RAM; the pages hashed and written, and their order, are those of a
+/// read of everything.
 fn write_memory(
     path: &Path,
     mem: &GuestMemoryMmap,
     regions: &[RegionLayout],
+    data: DataRanges,
 ) -> Result<(String, u64), Error> {
     let file = create_private(path)?;
     let mut hasher = XxHash3_128::new();
     let mut buf = vec![0u8; CHUNK];
     let mut end = 0;
-    for region in regions {
+    for (index, region) in regions.iter().enumerate() {
         let mapped = mem
             .find_region(GuestAddress(region.guest_addr))
             .filter(|r| r.start_addr().0 == region.guest_addr && r.len() == region.len)
@@ -194,7 +218,7 @@ fn write_memory(
                 addr: region.guest_addr,
                 why: format!("no region of {} bytes starts there", region.len),
             })?;
-        for range in memory::data_ranges(mapped) {
+        for range in data(index, mapped) {
             let mut done = range.start;
             while done < range.end {
                 let n = CHUNK.min((range.end - done) as usize);
@@ -415,6 +439,10 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn found(_: usize, region: &GuestRegionMmap) -> Vec<Range<u64>> {
+        memory::data_ranges(region)
+    }
+
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("mvm-snapshot-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
@@ -446,7 +474,7 @@ mod tests {
         let dir = scratch(name);
         let path = dir.join(MEMORY);
         let regions = layout(mem);
-        let (sha, len) = write_memory(&path, mem, &regions).unwrap();
+        let (sha, len) = write_memory(&path, mem, &regions, &found).unwrap();
         assert_eq!(len, regions.iter().map(|r| r.len).sum::<u64>());
 
         let file = File::open(&path).unwrap();
@@ -521,12 +549,40 @@ mod tests {
         before.write_slice(b"cleared", GuestAddress(MIB)).unwrap();
         let dir = scratch("restored-private");
         let path = dir.join(MEMORY);
-        write_memory(&path, &before, &layout(&before)).unwrap();
+        write_memory(&path, &before, &layout(&before), &found).unwrap();
         let file = File::open(&path).unwrap();
         let mem = memory::from_snapshot(&file, &layout(&before), 64 * MIB).unwrap();
         mem.write_slice(&[0u8; 16], GuestAddress(MIB)).unwrap();
         mem.write_slice(b"new", GuestAddress(20 * MIB)).unwrap();
         saves_exactly(&mem, "restored-private-again", &[0x1000, 20 * MIB]);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A template's first run writes a copy taken at the pause
+    /// (`machine::capture`): the file is the one the machine's own memory
+    /// would have given, byte for byte and checksum.
+    #[test]
+    fn a_copy_of_guest_memory_saves_the_same_file_as_the_memory() {
+        for backing in [Backing::Private, Backing::Shared] {
+            let mem = memory::create(64 * MIB, backing).unwrap();
+            mem.write_slice(b"hello", GuestAddress(0x1000)).unwrap();
+            mem.write_slice(&[0x5a; 8], GuestAddress(2 * MIB + 4092))
+                .unwrap();
+            mem.write_slice(&[0u8; PAGE], GuestAddress(5 * MIB))
+                .unwrap();
+            let regions = layout(&mem);
+            let dir = scratch(&format!("copy-{backing:?}"));
+            let (direct, direct_len) =
+                write_memory(&dir.join("direct"), &mem, &regions, &found).unwrap();
+            let (copy, data) = super::super::capture::copy_data(&mem).unwrap();
+            let (copied, copied_len) =
+                write_memory(&dir.join("copied"), &copy, &regions, &|i, _| {
+                    data[i].clone()
+                })
+                .unwrap();
+            assert_eq!((copied, copied_len), (direct, direct_len), "{backing:?}");
+            assert!(fs::read(dir.join("copied")).unwrap() == fs::read(dir.join("direct")).unwrap());
+            fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }

@@ -1,0 +1,150 @@
+//! A paused machine copied into this process's own memory, so that it can
+//! go on at once and the copy be written as a snapshot afterwards: a
+//! template's first run pauses its guest only for the copy, not for the
+//! checksum and the writes (docs/snapshots.md).
+//!
+//! The copy holds the guest's pages that are not all zeros, in anonymous
+//! memory of the guest's layout (untouched, the rest costs nothing), and
+//! remembers where they are, so the writer reads only those.
+
+use std::ops::Range;
+use std::path::Path;
+
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress,
+};
+
+use super::memory;
+use super::snapshot::{self, MachineState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot allocate {0} MiB for a copy of guest memory: {1}")]
+    Allocate(u64, vm_memory::mmap::FromRangesError),
+    #[error("cannot copy guest memory at {addr:#x}: {why}")]
+    Copy { addr: u64, why: String },
+}
+
+/// Ranges of guest memory, per region (offsets in the region).
+pub type PerRegion = Vec<Vec<Range<u64>>>;
+
+/// A machine's state and a copy of its RAM, taken while it was paused.
+pub struct Capture {
+    state: MachineState,
+    mem: GuestMemoryMmap,
+    /// Per region (in `mem`'s order), the ranges copied; the rest is zeros.
+    data: PerRegion,
+}
+
+impl Capture {
+    /// Copies `mem`'s non-zero pages (only where `memory::data_ranges`
+    /// says data can be) beside `state`.
+    pub fn take(state: MachineState, mem: &GuestMemoryMmap) -> Result<Capture, Error> {
+        let (mem, data) = copy_data(mem)?;
+        Ok(Capture { state, mem, data })
+    }
+
+    /// The bytes copied.
+    pub fn copied(&self) -> u64 {
+        self.data.iter().flatten().map(|r| r.end - r.start).sum()
+    }
+
+    /// Writes the copy as a snapshot at `dir` (which must not exist), as
+    /// `Machine::snapshot` would have written the machine at the pause.
+    pub fn write(&self, dir: &Path) -> Result<(), snapshot::Error> {
+        snapshot::write_with(dir, &self.state, &self.mem, &|index, _| {
+            self.data.get(index).cloned().unwrap_or_default()
+        })
+    }
+}
+
+/// A copy of `mem`'s data (where `memory::data_ranges` says it can be) in
+/// anonymous memory of its layout, and per region the ranges copied. The
+/// copy's pages are made in one call per range (`MADV_POPULATE_WRITE`),
+/// not one fault per page, and each range is one copy: the guest waits
+/// for this. Zero pages in it are found when it is written, after the run.
+pub(in crate::machine) fn copy_data(
+    mem: &GuestMemoryMmap,
+) -> Result<(GuestMemoryMmap, PerRegion), Error> {
+    let layout: Vec<(GuestAddress, usize)> = mem
+        .iter()
+        .map(|r| (r.start_addr(), r.len() as usize))
+        .collect();
+    let size: u64 = layout.iter().map(|(_, len)| *len as u64).sum();
+    // No huge-page advice: a huge page would make a copied 4 KiB page cost
+    // 2 MiB.
+    let copy = GuestMemoryMmap::from_ranges(&layout).map_err(|e| Error::Allocate(size >> 20, e))?;
+    let mut data = Vec::with_capacity(layout.len());
+    for (from, to) in mem.iter().zip(copy.iter()) {
+        let ranges = memory::data_ranges(from);
+        for range in &ranges {
+            let at = MemoryRegionAddress(range.start);
+            let len = (range.end - range.start) as usize;
+            let fail = |e: vm_memory::GuestMemoryError| Error::Copy {
+                addr: from.start_addr().0 + range.start,
+                why: e.to_string(),
+            };
+            let dst = to.get_slice(at, len).map_err(fail)?;
+            populate(dst.ptr_guard_mut().as_ptr(), len);
+            let src = from.get_slice(at, len).map_err(fail)?;
+            src.copy_to_volatile_slice(dst);
+        }
+        data.push(ranges);
+    }
+    Ok((copy, data))
+}
+
+/// Makes the pages of `len` bytes at `addr` (fresh anonymous memory of
+/// this process) in one call. Where the kernel cannot (before Linux 5.14)
+/// the copy makes them one fault at a time, as without this.
+fn populate(addr: *mut u8, len: usize) {
+    // SAFETY: the range lies within a mapping this process owns (the
+    // copy's region, alive for the call); MADV_POPULATE_WRITE only
+    // allocates its pages and changes no contents.
+    unsafe {
+        libc::madvise(addr.cast(), len, libc::MADV_POPULATE_WRITE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::memory::{create, Backing};
+    use vm_memory::Bytes;
+
+    const PAGE: usize = 4096;
+
+    /// The copy holds the guest's data where the guest had it, and stays
+    /// as it was when the guest's memory changes after.
+    #[test]
+    fn a_copy_is_the_memory_at_the_pause() {
+        for backing in [Backing::Private, Backing::Shared] {
+            let mem = create(16 << 20, backing).unwrap();
+            mem.write_slice(&[7u8; 10], GuestAddress(0x1000)).unwrap();
+            mem.write_slice(&[9u8; PAGE], GuestAddress(0x5000)).unwrap();
+            let found: Vec<_> = mem.iter().map(memory::data_ranges).collect();
+            let (copy, data) = copy_data(&mem).unwrap();
+            mem.write_slice(&[1u8; 4], GuestAddress(0x1000)).unwrap();
+            // What the memory's own save reads (a huge page here is
+            // resident whole), which holds both pages.
+            assert_eq!(data, found, "{backing:?}");
+            for page in [0x1000..0x2000, 0x5000..0x6000] {
+                assert!(
+                    data[0]
+                        .iter()
+                        .any(|r| r.start <= page.start && page.end <= r.end),
+                    "{backing:?}: {data:?}"
+                );
+            }
+            let mut got = [0u8; 10];
+            copy.read_slice(&mut got, GuestAddress(0x1000)).unwrap();
+            assert_eq!(
+                got, [7u8; 10],
+                "{backing:?}: the copy changed with the guest"
+            );
+            let mut page = vec![0u8; PAGE];
+            copy.read_slice(&mut page, GuestAddress(0x5000)).unwrap();
+            assert!(page.iter().all(|&b| b == 9));
+        }
+    }
+}
