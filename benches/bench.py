@@ -24,8 +24,9 @@ Metrics (median, p90, min, max): boot to init, command end to end,
 teardown, VMM memory overhead, peak RSS, binary start. (Memory with many
 machines at once: benches/concurrent.py.) A figure that cannot
 be measured for a peer is "n/a" with the reason; no figure is made up.
-Writes benches/results/<date>-<kvm|tcg>-<host>.md and .svg and prints the
-report. Standard library only.
+Writes benches/results/<date>-<kvm|tcg>-<host>.md and .svg (<host>-2 and
+so on for a second result the same day) and prints the report. Standard
+library only.
 """
 
 import argparse
@@ -125,6 +126,12 @@ mvm_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --no-snapshot --
 export MVM_TEMPLATES="$W/tpl"
 tpl_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true; }}
 tpl_mem() {{ "$X" --label "$1" --tree --timeout 60 -- "$W/bin/mvm" run --print-stats -- true; }}
+# A machine's first run, which makes its template: a store of its own
+# each time, removed after.
+first_run() {{
+    MVM_TEMPLATES="$W/first" "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true
+    rm -rf "$W/first"
+}}
 # Memory runs, apart from the timed ones (sampling /proc every 20 ms costs
 # the test host's one CPU): the peak Pss of the whole process tree, mvm
 # and virtiofsd (and its sandbox process) together.
@@ -186,6 +193,7 @@ i=1
 while [ $i -le $N ]; do
     mvm_run mvm.run.$i
     tpl_run tpl.run.$i
+    first_run first.run.$i
     [ "$QEMU" = 0 ] || qemu_run qemu.run.$i
     [ "$BWRAP" = 0 ] || bwrap_run bwrap.run.$i
     mvm_mem mvm.mem.$i
@@ -231,6 +239,20 @@ def one_run(flags=()):
     return stats
 
 
+def result_stem(where, name, hw):
+    """ROOT/WHERE/<date>-<kvm|tcg>-NAME, made; a published result of the
+    same day stays (the docs may cite it): a second one that day is
+    NAME-2, and so on."""
+    os.makedirs(os.path.join(ROOT, *where), exist_ok=True)
+    stem = os.path.join(ROOT, *where,
+                        f"{datetime.date.today().isoformat()}-{'kvm' if hw else 'tcg'}-{name}")
+    serial, path = 1, stem
+    while where[0] == "benches" and os.path.exists(path + ".md"):
+        serial += 1
+        path = f"{stem}-{serial}"
+    return path
+
+
 def write_result(name, report, hw):
     """benches/results/<date>-<kvm|tcg>-NAME.md, and the report printed.
     Published results come from a clean tree (the report names it): from a
@@ -244,9 +266,7 @@ def write_result(name, report, hw):
         print("bench: the tree has uncommitted changes, so this is not a publishable result: "
               "writing it under target/bench/ (MVM_BENCH_DIRTY=1 writes benches/results/ anyway)",
               file=sys.stderr)
-    os.makedirs(os.path.join(ROOT, *where), exist_ok=True)
-    path = os.path.join(ROOT, *where,
-                        f"{datetime.date.today().isoformat()}-{'kvm' if hw else 'tcg'}-{name}.md")
+    path = result_stem(where, name, hw) + ".md"
     with open(path, "w") as f:
         f.write(report)
     print(report)
@@ -515,6 +535,57 @@ def phase_table(runs, n):
     return out
 
 
+SENT = "agent connected, command sent"
+READY = "guest-init ready (waiting for its run)"
+SAVE_LINE = re.compile(r"saved in ([0-9.]+) ms after the run \(the guest paused ([0-9.]+) ms")
+
+
+def first_run_table(runs, n):
+    """Markdown: a machine's first run (which makes its template) next to
+    a cold one: when the command was sent, and what the template cost."""
+    def moments(m):
+        got = {"ready": [], "sent": [], "wait": [], "end": [], "paused": [], "saved": []}
+        for i in range(1, n + 1):
+            r = runs.get(f"{m}.run.{i}")
+            if not r or r.why_failed() is not None:
+                continue
+            marks = {mm.group(2): float(mm.group(1)) for fd, _, t in r.lines
+                     if fd == 2 for mm in [PHASE_LINE.match(t)] if mm}
+            if SENT in marks and READY in marks:
+                got["ready"].append(marks[READY])
+                got["sent"].append(marks[SENT])
+                got["wait"].append(marks[SENT] - marks[READY])
+            got["end"].append(r.exit[0])
+            for fd, _, t in r.lines:
+                mm = SAVE_LINE.search(t) if fd == 2 else None
+                if mm:
+                    got["saved"].append(float(mm.group(1)))
+                    got["paused"].append(float(mm.group(2)))
+        return got
+    cold, first = moments("mvm"), moments("first")
+    if not first["sent"] or not cold["sent"]:
+        return []
+
+    def med(v):
+        return f"{statistics.median(v):.0f}" if v else "-"
+    return [
+        "",
+        "A machine's first run (which makes its template: copied while guest-init waits, written "
+        "after the run) next to a cold one (`--no-snapshot`), medians in ms from mvm's start "
+        f"(`--print-stats`), of {len(first['sent'])} first runs and {len(cold['sent'])} cold ones "
+        f"({n} rounds):",
+        "",
+        "| | first run | cold run |",
+        "| --- | --- | --- |",
+        f"| guest-init ready | {med(first['ready'])} | {med(cold['ready'])} |",
+        f"| ready to the command sent | {med(first['wait'])} | {med(cold['wait'])} |",
+        f"| the command sent | {med(first['sent'])} | {med(cold['sent'])} |",
+        f"| the run, fork to exit | {med(first['end'])} | {med(cold['end'])} |",
+        f"| the guest paused for the copy | {med(first['paused'])} | |",
+        f"| the template written, after the run | {med(first['saved'])} | |",
+    ]
+
+
 def fmt(v, unit):
     return f"{v:.0f}" if unit == "KiB" or v >= 100 else f"{v:.1f}"
 
@@ -691,6 +762,7 @@ def main():
         f"{GUEST_MIB} MiB: the guest's data pages).",
     ]
     lines += phase_table(runs, args.runs)
+    lines += first_run_table(runs, args.runs)
     na = [(m, key, label, why_na(m, key)) for key, label, _ in METRICS for m, _ in MONITORS
           if why_na(m, key)]
     if na:
@@ -743,9 +815,7 @@ def main():
         lines += problems
     report = "\n".join(lines) + "\n"
 
-    stem = os.path.join(ROOT, "benches", "results",
-                        f"{started:%Y-%m-%d}-{'kvm' if hw else 'tcg'}-{platform.node() or 'host'}")
-    os.makedirs(os.path.dirname(stem), exist_ok=True)
+    stem = result_stem(("benches", "results"), platform.node() or "host", hw)
     with open(stem + ".md", "w") as f:
         f.write(report)
     svg(values, skipped, stem + ".svg")
