@@ -40,7 +40,7 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
         None => None,
         Some(dir) => Some(snapshot_parent(dir)?),
     };
-    crate::machine::kvm::open_kvm().map_err(|e| Failure::from(machine::Error::Kvm(e)))?;
+    crate::machine::kvm::check_kvm().map_err(|e| Failure::from(machine::Error::Kvm(e)))?;
     refuse_software_kvm()?;
     let console = ConsoleOutput::new(Box::new(std::io::stdout()));
     let mut front = Timeline::default();

@@ -5,6 +5,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStringExt;
+use std::sync::Mutex;
 
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, Kvm, VmFd};
@@ -64,7 +65,30 @@ pub fn kvm_device_path() -> CString {
         .unwrap_or_else(|| c"/dev/kvm".to_owned())
 }
 
+/// The handle a front end's early check opened ([`check_kvm`]), kept for
+/// the machine it then builds: /dev/kvm is opened once per run.
+static CHECKED: Mutex<Option<Kvm>> = Mutex::new(None);
+
+/// Opens and checks KVM now, before any helper process or session
+/// directory exists, so that a host without it fails first; the handle
+/// is kept for [`open_kvm`].
+pub fn check_kvm() -> Result<(), Error> {
+    let kvm = open_new()?;
+    if let Ok(mut checked) = CHECKED.lock() {
+        *checked = Some(kvm);
+    }
+    Ok(())
+}
+
+/// KVM, opened and checked: the handle [`check_kvm`] kept, else a new one.
 pub fn open_kvm() -> Result<Kvm, Error> {
+    match CHECKED.lock().ok().and_then(|mut c| c.take()) {
+        Some(kvm) => Ok(kvm),
+        None => open_new(),
+    }
+}
+
+fn open_new() -> Result<Kvm, Error> {
     let path = kvm_device_path();
     let shown = path.to_string_lossy().into_owned();
     let kvm = Kvm::new_with_path(&path).map_err(|e| match e.errno() {
