@@ -14,6 +14,8 @@ host's tmpfs and runs, after one warm-up each, N interleaved rounds of:
            boot)
   template the same from a template (docs/snapshots.md: made by its
            warm-up run, restored by every other)
+  first    the same as a machine's first run, which makes its template
+           (an empty template store each round)
   QEMU     -M microvm -accel kvm, same guest kernel (as a bzImage) and
            initramfs, guest-init running `true` from mvm.cmd; once for
            times, once stopped at the command's exit for its memory
@@ -537,7 +539,7 @@ def phase_table(runs, n):
 
 SENT = "agent connected, command sent"
 READY = "guest-init ready (waiting for its run)"
-SAVE_LINE = re.compile(r"saved in ([0-9.]+) ms after the run \(the guest paused ([0-9.]+) ms")
+SAVE_LINE = re.compile(r"saved in ([0-9.]+) ms while the run went on \(the guest paused ([0-9.]+) ms")
 
 
 def first_run_table(runs, n):
@@ -571,7 +573,7 @@ def first_run_table(runs, n):
     return [
         "",
         "A machine's first run (which makes its template: copied while guest-init waits, written "
-        "after the run) next to a cold one (`--no-snapshot`), medians in ms from mvm's start "
+        "by a thread of its own while the run goes on) next to a cold one (`--no-snapshot`), medians in ms from mvm's start "
         f"(`--print-stats`), of {len(first['sent'])} first runs and {len(cold['sent'])} cold ones "
         f"({n} rounds):",
         "",
@@ -582,7 +584,7 @@ def first_run_table(runs, n):
         f"| the command sent | {med(first['sent'])} | {med(cold['sent'])} |",
         f"| the run, fork to exit | {med(first['end'])} | {med(cold['end'])} |",
         f"| the guest paused for the copy | {med(first['paused'])} | |",
-        f"| the template written, after the run | {med(first['saved'])} | |",
+        f"| the template written, beside the run | {med(first['saved'])} | |",
     ]
 
 
@@ -807,6 +809,8 @@ def main():
             lines.append(f"  (without --unshare-ipc: `--unshare-all` failed here, "
                          f"{runs['bwrap.run.warm'].why_failed()}; this kernel has no IPC namespaces)")
     problems = [f"- {names[m]}: {f}" for m, _ in MONITORS for f in failures[m]]
+    problems += [f"- first run {i}: {runs[f'first.run.{i}'].why_failed()}" for i in range(1, args.runs + 1)
+                 if f"first.run.{i}" in runs and runs[f"first.run.{i}"].why_failed() is not None]
     problems += [f"- {line}" for line in leftovers]
     problems += [f"- unexpected output: {line}" for line in other
                  if not line.startswith(("round ", "skip ", "fail "))]

@@ -52,8 +52,23 @@ fn a_forbidden_call_kills_every_thread_kind_with_sigsys() {
     };
     let guest = parked_guest();
     let guest = guest.as_path().to_str().unwrap();
-    for kind in ["vmm", "vcpu", "session", "signals"] {
-        let out = run(guest, &[], &[("MVM_TEST_FORBIDDEN_SYSCALL", kind)]);
+    // The writer thread exists in a run that makes a template: one with a
+    // template store of its own and none in it.
+    let store = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+        std::env::temp_dir().join("mvm-confinement-templates-"),
+    )
+    .unwrap();
+    let store = store.as_path().to_str().unwrap();
+    for kind in ["vmm", "vcpu", "session", "signals", "writer"] {
+        let out = run(
+            guest,
+            &[],
+            &[
+                ("MVM_TEST_FORBIDDEN_SYSCALL", kind),
+                ("MVM_NO_SNAPSHOT", "0"),
+                ("MVM_TEMPLATES", store),
+            ],
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{kind}: {stderr}");
         assert!(

@@ -45,10 +45,19 @@ pub enum ThreadKind {
     Session,
     /// The signal thread and its grace timers.
     Signals,
+    /// Writes a template a first run copied (front/template_save.rs), while
+    /// the run goes on: files below the template store only (Landlock).
+    Writer,
 }
 
 impl ThreadKind {
-    pub const ALL: [ThreadKind; 4] = [Self::Vmm, Self::Vcpu, Self::Session, Self::Signals];
+    pub const ALL: [ThreadKind; 5] = [
+        Self::Vmm,
+        Self::Vcpu,
+        Self::Session,
+        Self::Signals,
+        Self::Writer,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -56,7 +65,14 @@ impl ThreadKind {
             Self::Vcpu => "vcpu",
             Self::Session => "session",
             Self::Signals => "signals",
+            Self::Writer => "writer",
         }
+    }
+
+    /// Whether the thread creates files (openat with O_CREAT), so it
+    /// cannot have [`refuse_open`] first.
+    fn opens_files(self) -> bool {
+        matches!(self, Self::Vmm | Self::Writer)
     }
 }
 
@@ -123,7 +139,7 @@ pub fn install(kind: ThreadKind) -> Result<(), Error> {
     let refuse_open = refuse_open().map_err(|e| Error::Build(kind.name(), e.to_string()))?;
     install_reporter();
     KIND.with(|k| k.set(kind as u8 + 1));
-    if kind != ThreadKind::Vmm {
+    if !kind.opens_files() {
         seccompiler::apply_filter(&refuse_open).map_err(|e| Error::Install(kind.name(), e))?;
     }
     seccompiler::apply_filter(&program).map_err(|e| Error::Install(kind.name(), e))?;
@@ -194,13 +210,13 @@ fn refuse_open() -> Result<BpfProgram, seccompiler::BackendError> {
 pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
     let build = |e: seccompiler::BackendError| Error::Build(kind.name(), e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    if kind != ThreadKind::Vmm {
+    if !kind.opens_files() {
         // Answered with EACCES by `refuse_open`, installed first.
         rules.insert(libc::SYS_openat, Vec::new());
     }
     let starts_threads: &[i64] = match kind {
         ThreadKind::Session | ThreadKind::Signals => THREAD_START,
-        ThreadKind::Vmm | ThreadKind::Vcpu => &[],
+        ThreadKind::Vmm | ThreadKind::Vcpu | ThreadKind::Writer => &[],
     };
     for &nr in COMMON.iter().chain(own_calls(kind)).chain(starts_threads) {
         rules.insert(nr, Vec::new());
@@ -211,6 +227,7 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
         ThreadKind::Vmm => VMM_IOCTLS,
         ThreadKind::Vcpu => VCPU_IOCTLS,
         ThreadKind::Session | ThreadKind::Signals => TERMINAL_IOCTLS,
+        ThreadKind::Writer => &[],
     }
     .to_vec();
     if SNAPSHOTS.load(Ordering::SeqCst) {
@@ -222,10 +239,20 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
                     rules.insert(nr, Vec::new());
                 }
             }
-            ThreadKind::Session | ThreadKind::Signals => {}
+            ThreadKind::Session | ThreadKind::Signals | ThreadKind::Writer => {}
         }
     }
-    rules.insert(libc::SYS_ioctl, arg_is_one_of(1, &ioctls).map_err(build)?);
+    if kind == ThreadKind::Writer {
+        // It exists only to write a snapshot's files.
+        for &nr in snapshot_calls::FILE_CALLS {
+            rules.insert(nr, Vec::new());
+        }
+    }
+    // No rule at all would allow every ioctl: a thread without any has
+    // none in the filter.
+    if !ioctls.is_empty() {
+        rules.insert(libc::SYS_ioctl, arg_is_one_of(1, &ioctls).map_err(build)?);
+    }
     if kind == ThreadKind::Vmm {
         // Kicking a vCPU thread out of KVM_RUN (pause, stop): only this
         // process's threads, only with the kick signal.
@@ -428,6 +455,23 @@ fn own_calls(kind: ThreadKind) -> &'static [i64] {
             libc::SYS_close,
             libc::SYS_clock_nanosleep,
             libc::SYS_poll,
+        ],
+        ThreadKind::Writer => &[
+            // The template's files (Landlock: below the store only), and
+            // removing a half-written one; its lock file closed at the
+            // end. The snapshot's own calls: `snapshot_calls::FILE_CALLS`.
+            libc::SYS_openat,
+            libc::SYS_close,
+            // Closing a file: the standard library's debug builds check
+            // the fd first (F_GETFD).
+            libc::SYS_fcntl,
+            libc::SYS_newfstatat,
+            libc::SYS_fstat,
+            libc::SYS_statx,
+            libc::SYS_getdents64,
+            libc::SYS_unlinkat,
+            // The temporary names carry the process id.
+            libc::SYS_getpid,
         ],
         ThreadKind::Signals => &[
             // signal-hook's handler and its self-pipe.

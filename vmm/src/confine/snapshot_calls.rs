@@ -1,8 +1,10 @@
 //! What saving a snapshot adds to the filters, only for a run that takes
-//! one (`mvm boot --snapshot-at-ready`): each vCPU thread reads its own
-//! vCPU's state, the vmm thread the VM's in-kernel devices and writes the
-//! snapshot's files (Landlock confines those to the snapshot's parent
-//! directory). Reading state changes nothing in the VM.
+//! one (`mvm boot --snapshot-at-ready`, a template's first `mvm run`):
+//! each vCPU thread reads its own vCPU's state, the vmm thread the VM's
+//! in-kernel devices and writes the snapshot's files (a template's are
+//! written by the writer thread instead, whose list has `FILE_CALLS`
+//! too; Landlock confines them to the snapshot's parent directory).
+//! Reading state changes nothing in the VM.
 
 use kvm_bindings::{
     kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,

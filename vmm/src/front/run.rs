@@ -15,7 +15,7 @@ use super::command_args::CommandArgs;
 use super::console_tail;
 use super::launch::{launch, Launched, Spec, Templates};
 use super::request::{exec_request, root_disk, scratch_bytes};
-use super::template_save::{capture_at_ready, write_template, Ready};
+use super::template_save::{capture_at_ready, Ready, TemplateWriter};
 use super::{
     outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure, Failure,
     SessionMoments, VmArgs, BASE_CMDLINE,
@@ -305,6 +305,11 @@ fn run_in_vm(
         }
         None => (None, None),
     };
+    let key = creating.as_ref().map(|c| c.key.clone());
+    let writer = creating
+        .map(|c| TemplateWriter::start(c, vm.print_stats))
+        .transpose()
+        .map_err(|e| setup_failure(format!("cannot start the template's writer thread: {e}")))?;
     let dialer = machine
         .take_vsock_dialer()
         .ok_or_else(|| setup_failure("the machine has no vsock device".to_string()))?;
@@ -320,19 +325,19 @@ fn run_in_vm(
 
     let deadline = timeout.map(|t| Instant::now() + t);
     machine.start().map_err(vmm_failure)?;
-    let mut taken = None;
-    if let (Some(creating), Some(gate)) = (&creating, gate) {
-        if let Ready::Captured(copy) = capture_at_ready(&mut machine, creating, deadline)? {
+    if let (Some(key), Some(gate), Some(writer)) = (&key, gate, &writer) {
+        if let Ready::Captured(copy) = capture_at_ready(&mut machine, key, deadline)? {
             // The guest is ready and copied: the session may connect.
             let _ = gate.send(());
-            taken = copy;
+            if let Some(copy) = copy {
+                front.mark("template copied");
+                writer.write(copy);
+            }
         }
-        front.mark("template copied");
     }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
-    if let (Some(creating), Some(taken)) = (&creating, taken) {
-        write_template(taken, creating, vm.print_stats);
-        front.mark("template saved");
+    if let Some(at) = writer.and_then(TemplateWriter::finish) {
+        front.mark_at("template saved", at);
     }
     let command_sent = session.command_started();
     if let Some(at) = command_sent {
@@ -433,7 +438,7 @@ fn conclude(
 /// KVM usable, kernel and initramfs readable: what would fail the build
 /// anyway, checked before any helper process or session directory exists.
 fn preflight(config: &VmConfig) -> Result<(), Failure> {
-    crate::machine::kvm::open_kvm().map_err(|e| Failure::from(crate::machine::Error::Kvm(e)))?;
+    crate::machine::kvm::check_kvm().map_err(|e| Failure::from(crate::machine::Error::Kvm(e)))?;
     crate::machine::kernel::check_readable(&config.kernel, config.initrd.as_deref())
         .map_err(|e| Failure::from(crate::machine::Error::Kernel(e)))?;
     refuse_software_kvm()

@@ -1,13 +1,16 @@
 //! The first run of a machine saves its template (docs/snapshots.md): it
 //! serves the machine until guest-init is ready, pauses it only to copy
 //! it (state and RAM, in this process), lets it go on to the run's
-//! command, and writes the copy as the template once the machine has
-//! stopped: the command does not wait for the checksum and the writes.
+//! command, and a thread of its own writes the copy as the template
+//! meanwhile: the command waits for neither the checksum nor the writes.
 
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::template::{self, Creating};
 use super::{vmm_failure, Failure};
+use crate::confine::{seccomp, ThreadKind};
 use crate::machine::capture::Capture;
 
 /// How serving the machine to guest-init's ready point ended.
@@ -30,7 +33,7 @@ pub(super) struct Taken {
 /// it and lets it go on.
 pub(super) fn capture_at_ready(
     machine: &mut crate::machine::Machine,
-    creating: &Creating,
+    key: &str,
     deadline: Option<Instant>,
 ) -> Result<Ready, Failure> {
     use crate::machine::event_loop::Wait;
@@ -52,17 +55,53 @@ pub(super) fn capture_at_ready(
         Ok(capture) => Ok(Ready::Captured(Some(Box::new(Taken { capture, paused })))),
         Err(e) => {
             eprintln!(
-                "mvm: warning: cannot save template {} ({e}); the next run boots cold again",
-                creating.key
+                "mvm: warning: cannot copy the machine for template {key} ({e}); this run goes on, the next one boots cold again (--no-snapshot skips templates)"
             );
             Ok(Ready::Captured(None))
         }
     }
 }
 
-/// Writes the copy as the template (after the run: the machine has
-/// stopped). A template that cannot be written is a warning.
-pub(super) fn write_template(taken: Box<Taken>, creating: &Creating, print_stats: bool) {
+/// The thread that writes a first run's template: started before the
+/// machine (its filter installed by itself, Landlock inherited), handed
+/// the copy at the ready point, and joined at the end. It holds the
+/// template's lock until the template is written, so that other runs of
+/// the same machine restore it from then on.
+pub(super) struct TemplateWriter {
+    copy: Sender<Box<Taken>>,
+    thread: JoinHandle<Option<Instant>>,
+}
+
+impl TemplateWriter {
+    pub(super) fn start(creating: Creating, print_stats: bool) -> std::io::Result<TemplateWriter> {
+        let (copy, taken): (Sender<Box<Taken>>, Receiver<Box<Taken>>) = mpsc::channel();
+        let thread = thread::Builder::new()
+            .name("mvm-template".into())
+            .spawn(move || {
+                seccomp::install_or_exit(ThreadKind::Writer);
+                // No copy: the machine stopped before it was ready, or the
+                // copy failed. Dropping `creating` frees its lock.
+                let taken = taken.recv().ok()?;
+                write(&taken, &creating, print_stats).then(Instant::now)
+            })?;
+        Ok(TemplateWriter { copy, thread })
+    }
+
+    /// Hands the copy over; the thread writes it at once.
+    pub(super) fn write(&self, taken: Box<Taken>) {
+        let _ = self.copy.send(taken);
+    }
+
+    /// Waits for the write, if there was one: when it was saved, if it was.
+    pub(super) fn finish(self) -> Option<Instant> {
+        drop(self.copy);
+        self.thread.join().ok().flatten()
+    }
+}
+
+/// Writes the copy as the template. A template that cannot be written is
+/// a warning: the run goes on.
+fn write(taken: &Taken, creating: &Creating, print_stats: bool) -> bool {
     let at = Instant::now();
     let saved = taken.capture.write(&creating.dir);
     let took = at.elapsed();
@@ -76,17 +115,21 @@ pub(super) fn write_template(taken: Box<Taken>, creating: &Creating, print_stats
             }
             if print_stats {
                 eprintln!(
-                    "mvm: template {} saved in {:.1} ms after the run (the guest paused {:.1} ms for a copy of {:.1} MiB)",
+                    "mvm: template {} saved in {:.1} ms while the run went on (the guest paused {:.1} ms for a copy of {:.1} MiB)",
                     creating.key,
                     took.as_secs_f64() * 1e3,
                     taken.paused.as_secs_f64() * 1e3,
                     taken.capture.copied() as f64 / f64::from(1 << 20),
                 );
             }
+            true
         }
-        Err(e) => eprintln!(
-            "mvm: warning: cannot save template {} ({e}); the next run boots cold again",
-            creating.key
-        ),
+        Err(e) => {
+            eprintln!(
+                "mvm: warning: cannot save template {} ({e}); the next run boots cold again (--no-snapshot skips templates)",
+                creating.key
+            );
+            false
+        }
     }
 }

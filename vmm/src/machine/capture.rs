@@ -11,7 +11,8 @@ use std::ops::Range;
 use std::path::Path;
 
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress,
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    MemoryRegionAddress,
 };
 
 use super::memory;
@@ -52,8 +53,20 @@ impl Capture {
     /// Writes the copy as a snapshot at `dir` (which must not exist), as
     /// `Machine::snapshot` would have written the machine at the pause.
     pub fn write(&self, dir: &Path) -> Result<(), snapshot::Error> {
+        // One list of ranges per region of the layout, in its order (both
+        // come from the same memory): anything else would save zeros.
+        if self.data.len() != self.state.regions.len() {
+            return Err(snapshot::Error::Memory {
+                addr: 0,
+                why: format!(
+                    "the copy has {} regions, the machine {}",
+                    self.data.len(),
+                    self.state.regions.len()
+                ),
+            });
+        }
         snapshot::write_with(dir, &self.state, &self.mem, &|index, _| {
-            self.data.get(index).cloned().unwrap_or_default()
+            self.data[index].clone()
         })
     }
 }
@@ -77,21 +90,74 @@ pub(in crate::machine) fn copy_data(
     let mut data = Vec::with_capacity(layout.len());
     for (from, to) in mem.iter().zip(copy.iter()) {
         let ranges = memory::data_ranges(from);
+        let whole = ranges.len() == 1 && ranges[0] == (0..from.len());
+        if whole && from.file_offset().is_none() {
+            // Private memory read whole (the host has swap, so `mincore`
+            // cannot say what holds data): most of it is the zero page,
+            // and only what is not zeros is copied.
+            data.push(copy_nonzero(from, to)?);
+            continue;
+        }
         for range in &ranges {
-            let at = MemoryRegionAddress(range.start);
-            let len = (range.end - range.start) as usize;
-            let fail = |e: vm_memory::GuestMemoryError| Error::Copy {
-                addr: from.start_addr().0 + range.start,
-                why: e.to_string(),
-            };
-            let dst = to.get_slice(at, len).map_err(fail)?;
-            populate(dst.ptr_guard_mut().as_ptr(), len);
-            let src = from.get_slice(at, len).map_err(fail)?;
-            src.copy_to_volatile_slice(dst);
+            copy_range(from, to, range.clone())?;
         }
         data.push(ranges);
     }
     Ok((copy, data))
+}
+
+/// Copies `range` of region `from` to the same place in `to` (fresh
+/// memory, whose pages it makes first).
+fn copy_range(
+    from: &GuestRegionMmap,
+    to: &GuestRegionMmap,
+    range: Range<u64>,
+) -> Result<(), Error> {
+    let at = MemoryRegionAddress(range.start);
+    let len = (range.end - range.start) as usize;
+    let fail = |e: vm_memory::GuestMemoryError| Error::Copy {
+        addr: from.start_addr().0 + range.start,
+        why: e.to_string(),
+    };
+    let dst = to.get_slice(at, len).map_err(fail)?;
+    populate(dst.ptr_guard_mut().as_ptr(), len);
+    let src = from.get_slice(at, len).map_err(fail)?;
+    src.copy_to_volatile_slice(dst);
+    Ok(())
+}
+
+/// Copies only the pages of `from` that are not all zeros; returns where
+/// they are.
+fn copy_nonzero(from: &GuestRegionMmap, to: &GuestRegionMmap) -> Result<Vec<Range<u64>>, Error> {
+    const PAGE: usize = 4096;
+    const CHUNK: usize = 1 << 20;
+    let mut buf = vec![0u8; CHUNK];
+    let mut runs: Vec<Range<u64>> = Vec::new();
+    let mut at = 0u64;
+    while at < from.len() {
+        let n = CHUNK.min((from.len() - at) as usize);
+        from.read_slice(&mut buf[..n], MemoryRegionAddress(at))
+            .map_err(|e| Error::Copy {
+                addr: from.start_addr().0 + at,
+                why: e.to_string(),
+            })?;
+        for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+            if page.iter().all(|&b| b == 0) {
+                continue;
+            }
+            let start = at + (i * PAGE) as u64;
+            let end = start + page.len() as u64;
+            match runs.last_mut() {
+                Some(last) if last.end == start => last.end = end,
+                _ => runs.push(start..end),
+            }
+        }
+        at += n as u64;
+    }
+    for run in &runs {
+        copy_range(from, to, run.clone())?;
+    }
+    Ok(runs)
 }
 
 /// Makes the pages of `len` bytes at `addr` (fresh anonymous memory of
@@ -146,5 +212,26 @@ mod tests {
             copy.read_slice(&mut page, GuestAddress(0x5000)).unwrap();
             assert!(page.iter().all(|&b| b == 9));
         }
+    }
+
+    /// Memory read whole (a host with swap) is copied page by page, only
+    /// what is not zeros: the copy of a mostly empty guest stays small.
+    #[test]
+    fn a_region_read_whole_copies_only_its_data_pages() {
+        let mem = create(16 << 20, Backing::Private).unwrap();
+        mem.write_slice(&[3u8; 8], GuestAddress(0x3000)).unwrap();
+        mem.write_slice(&[4u8; 2 * PAGE], GuestAddress(0x9000))
+            .unwrap();
+        mem.write_slice(&[0u8; PAGE], GuestAddress(0xc000)).unwrap();
+        let copy = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+        let (from, to) = (mem.iter().next().unwrap(), copy.iter().next().unwrap());
+        let runs = copy_nonzero(from, to).unwrap();
+        assert_eq!(runs, vec![0x3000..0x4000, 0x9000..0xb000]);
+        let mut got = [0u8; 8];
+        copy.read_slice(&mut got, GuestAddress(0x3000)).unwrap();
+        assert_eq!(got, [3u8; 8]);
+        let mut page = vec![0u8; PAGE];
+        copy.read_slice(&mut page, GuestAddress(0xa000)).unwrap();
+        assert!(page.iter().all(|&b| b == 4));
     }
 }

@@ -4,6 +4,7 @@
 
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,7 +29,7 @@ pub enum Error {
     Create(event_manager::Error),
     #[error("the event loop failed: {0}")]
     Run(event_manager::Error),
-    #[error("cannot create the eventfd for the guest's boot markers: {0}")]
+    #[error("cannot watch the guest's boot markers: {0} (out of file descriptors or memory? raise `ulimit -n` or free memory)")]
     MarkerEvent(io::Error),
 }
 
@@ -57,6 +58,9 @@ impl MutEventSubscriber for StopWatcher {
 /// only job is to wake the loop, whose caller then looks at the markers.
 struct MarkerWatcher {
     wake: EventFd,
+    /// Set once the eventfd is in the epoll set: without it a wait for a
+    /// marker would sleep past the marker.
+    watching: Arc<AtomicBool>,
 }
 
 impl MutEventSubscriber for MarkerWatcher {
@@ -65,10 +69,8 @@ impl MutEventSubscriber for MarkerWatcher {
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        // As for the stop event: a fresh fd, so only a broken epoll fails.
-        if let Err(e) = ops.add(Events::new(&self.wake, EventSet::IN)) {
-            eprintln!("mvm: cannot watch the guest's boot markers: {e}");
-        }
+        let added = ops.add(Events::new(&self.wake, EventSet::IN)).is_ok();
+        self.watching.store(added, Ordering::SeqCst);
     }
 }
 
@@ -207,9 +209,18 @@ impl EventLoop {
     pub fn watch_markers(&mut self, report: &GuestReport) -> Result<(), Error> {
         let wake = EventFd::new(libc::EFD_NONBLOCK).map_err(Error::MarkerEvent)?;
         report.wake_on_marker(wake.try_clone().map_err(Error::MarkerEvent)?);
-        self.manager
-            .add_subscriber(Box::new(MarkerWatcher { wake }));
-        Ok(())
+        let watching = Arc::new(AtomicBool::new(false));
+        self.manager.add_subscriber(Box::new(MarkerWatcher {
+            wake,
+            watching: watching.clone(),
+        }));
+        // add_subscriber runs the subscriber's init, which adds the fd.
+        match watching.load(Ordering::SeqCst) {
+            true => Ok(()),
+            false => Err(Error::MarkerEvent(io::Error::other(
+                "epoll refused its eventfd",
+            ))),
+        }
     }
 
     /// Adds device work (ioeventfds, backend sockets) to the loop.
