@@ -59,6 +59,13 @@ fn a_forbidden_call_kills_every_thread_kind_with_sigsys() {
     )
     .unwrap();
     let store = store.as_path().to_str().unwrap();
+    // A process killed by SIGSYS cannot remove its session directory: they
+    // go to a runtime directory of this test's, removed with it.
+    let runtime = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+        std::env::temp_dir().join("mvm-confinement-runtime-"),
+    )
+    .unwrap();
+    let runtime = runtime.as_path().to_str().unwrap();
     for kind in ["vmm", "vcpu", "session", "signals", "writer"] {
         let out = run(
             guest,
@@ -67,6 +74,7 @@ fn a_forbidden_call_kills_every_thread_kind_with_sigsys() {
                 ("MVM_TEST_FORBIDDEN_SYSCALL", kind),
                 ("MVM_NO_SNAPSHOT", "0"),
                 ("MVM_TEMPLATES", store),
+                ("XDG_RUNTIME_DIR", runtime),
             ],
         );
         let stderr = String::from_utf8_lossy(&out.stderr);
