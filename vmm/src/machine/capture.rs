@@ -129,7 +129,6 @@ fn copy_range(
 /// Copies only the pages of `from` that are not all zeros; returns where
 /// they are.
 fn copy_nonzero(from: &GuestRegionMmap, to: &GuestRegionMmap) -> Result<Vec<Range<u64>>, Error> {
-    const PAGE: usize = 4096;
     const CHUNK: usize = 1 << 20;
     let mut buf = vec![0u8; CHUNK];
     let mut runs: Vec<Range<u64>> = Vec::new();
@@ -141,12 +140,8 @@ fn copy_nonzero(from: &GuestRegionMmap, to: &GuestRegionMmap) -> Result<Vec<Rang
                 addr: from.start_addr().0 + at,
                 why: e.to_string(),
             })?;
-        for (i, page) in buf[..n].chunks(PAGE).enumerate() {
-            if page.iter().all(|&b| b == 0) {
-                continue;
-            }
-            let start = at + (i * PAGE) as u64;
-            let end = start + page.len() as u64;
+        for run in snapshot::data_page_runs(&buf[..n]) {
+            let (start, end) = (at + run.start as u64, at + run.end as u64);
             match runs.last_mut() {
                 Some(last) if last.end == start => last.end = end,
                 _ => runs.push(start..end),

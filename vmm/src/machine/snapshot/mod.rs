@@ -231,19 +231,11 @@ fn write_memory(
                 let base = region.file_offset + done;
                 // Runs of data pages are written whole: one call each, not
                 // one per page.
-                let mut run: Option<usize> = None;
-                for (i, page) in buf[..n].chunks(PAGE).enumerate() {
-                    if page.iter().any(|&b| b != 0) {
-                        hash_page(&mut hasher, base + (i * PAGE) as u64, page);
-                        run.get_or_insert(i);
-                    } else if let Some(first) = run.take() {
-                        let pages = &buf[first * PAGE..i * PAGE];
-                        write_pages(&file, path, pages, base + (first * PAGE) as u64)?;
+                for run in data_page_runs(&buf[..n]) {
+                    for (i, page) in buf[run.clone()].chunks(PAGE).enumerate() {
+                        hash_page(&mut hasher, base + (run.start + i * PAGE) as u64, page);
                     }
-                }
-                if let Some(first) = run {
-                    let pages = &buf[first * PAGE..n];
-                    write_pages(&file, path, pages, base + (first * PAGE) as u64)?;
+                    write_pages(&file, path, &buf[run.clone()], base + run.start as u64)?;
                 }
                 done += n as u64;
             }
@@ -253,6 +245,23 @@ fn write_memory(
     file.set_len(end).map_err(io_err("size", path))?;
     file.sync_all().map_err(io_err("sync", path))?;
     Ok((hex128(hasher.finish_128()), end))
+}
+
+/// The runs of whole pages in `buf` that are not all zeros (offsets in
+/// `buf`, in order): what a snapshot keeps of a piece of guest memory.
+pub(crate) fn data_page_runs(buf: &[u8]) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for (i, page) in buf.chunks(PAGE).enumerate() {
+        if page.iter().all(|&b| b == 0) {
+            continue;
+        }
+        let (start, end) = (i * PAGE, i * PAGE + page.len());
+        match runs.last_mut() {
+            Some(last) if last.end == start => last.end = end,
+            _ => runs.push(start..end),
+        }
+    }
+    runs
 }
 
 fn write_pages(file: &File, path: &Path, pages: &[u8], at: u64) -> Result<(), Error> {
@@ -584,5 +593,18 @@ mod tests {
             assert!(fs::read(dir.join("copied")).unwrap() == fs::read(dir.join("direct")).unwrap());
             fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    #[test]
+    fn data_page_runs_join_neighbours_and_skip_zero_pages() {
+        let mut buf = vec![0u8; 6 * PAGE];
+        buf[PAGE] = 1;
+        buf[3 * PAGE - 1] = 2;
+        buf[5 * PAGE + 7] = 3;
+        assert_eq!(
+            data_page_runs(&buf),
+            vec![PAGE..3 * PAGE, 5 * PAGE..6 * PAGE]
+        );
+        assert!(data_page_runs(&[0u8; 3 * PAGE]).is_empty());
     }
 }
