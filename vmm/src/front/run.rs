@@ -309,7 +309,11 @@ fn run_in_vm(
     let writer = creating
         .map(|c| TemplateWriter::start(c, vm.print_stats))
         .transpose()
-        .map_err(|e| setup_failure(format!("cannot start the template's writer thread: {e}")))?;
+        .map_err(|e| {
+            setup_failure(format!(
+                "cannot start the template's writer thread ({e}): out of memory or threads? --no-snapshot runs without templates"
+            ))
+        })?;
     let dialer = machine
         .take_vsock_dialer()
         .ok_or_else(|| setup_failure("the machine has no vsock device".to_string()))?;
