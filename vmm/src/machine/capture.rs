@@ -75,7 +75,7 @@ impl Capture {
 /// anonymous memory of its layout, and per region the ranges copied. The
 /// copy's pages are made in one call per range (`MADV_POPULATE_WRITE`),
 /// not one fault per page, and each range is one copy: the guest waits
-/// for this. Zero pages in it are found when it is written, after the run.
+/// for this. Zero pages in it are found when it is written, beside the run.
 pub(in crate::machine) fn copy_data(
     mem: &GuestMemoryMmap,
 ) -> Result<(GuestMemoryMmap, PerRegion), Error> {
