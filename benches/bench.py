@@ -76,6 +76,7 @@ METRICS = [
     ("command", "command: `true`, end to end", "ms"),
     ("teardown", "teardown: command exit to process gone", "ms"),
     ("overhead", "VMM memory overhead: peak Pss of the process tree - guest RAM resident", "KiB"),
+    ("own", "VMM memory overhead, the mvm process alone: its peak RSS - guest RAM resident", "KiB"),
     ("guest", "guest RAM resident at the end", "KiB"),
     ("rss", "peak Pss of the whole process tree (helpers included), guest RAM included", "KiB"),
     ("start", "binary start: `--version`, exec to exit", "ms"),
@@ -87,6 +88,10 @@ NOT_APPLICABLE = {
     ("bwrap", "teardown"): "no guest, so the command's exit is not visible apart from bwrap's own",
     ("bwrap", "overhead"): "no guest RAM to subtract (its whole footprint is the process-tree row)",
     ("bwrap", "guest"): "no guest",
+    ("bwrap", "own"): "no guest RAM to subtract",
+    ("qemu", "own"): "one process, so the same as the process tree's row (there by Pss, which shares its "
+                     "libraries' pages with other processes)",
+    ("tpl", "own"): "not measurable this way, as for the process tree's row",
     ("tpl", "boot"): "no boot: the machine is restored where guest-init was ready",
     ("tpl", "start"): "the same binary as mvm's",
     ("tpl", "overhead"): "not measurable this way: the guest RAM resident figure (mincore) counts the "
@@ -414,6 +419,8 @@ def measure_mvm(runs, i, m, values, failures):
                 stats[mm.group(1)] = float(mm.group(2))
         if "guest resident" in stats:
             values["overhead"].append(r.tree - stats["guest resident"])
+            if "peak rss" in stats:
+                values["own"].append(stats["peak rss"] - stats["guest resident"])
             values["guest"].append(stats["guest resident"])
         values["rss"].append(r.tree)
     elif r:
@@ -801,7 +808,9 @@ def main():
         "process, or the largest reaped child) would leave out; Pss counts a page shared by several "
         "(guest RAM that virtiofsd maps) once. VMM memory overhead: that peak minus the guest RAM "
         "resident at the end (mvm: mincore, `mvm: guest resident:`; QEMU: the Rss of its guest RAM "
-        "mapping in /proc/PID/smaps, QEMU stopped at the guest's exit status line).",
+        "mapping in /proc/PID/smaps, QEMU stopped at the guest's exit status line). The mvm process "
+        "alone: its own peak RSS (`mvm: peak rss:`, getrusage) minus the same guest RAM resident, as "
+        "the 2.4 MiB of 2026-11-30 was taken (virtiofsd left out).",
     ]
     if "bwrap" not in skipped:
         lines.append(f"- bubblewrap: `bwrap {info.get('bwrap-flags', '?')} true`")
