@@ -11,8 +11,18 @@ pub const RXQ: usize = 0;
 pub const TXQ: usize = 1;
 pub const EVQ: usize = 2;
 pub const QUEUE_COUNT: usize = 3;
-/// Each queue's maximum size; Linux uses what it is offered up to this.
+/// The transmit and event queues' maximum size; Linux uses what it is
+/// offered up to this.
 pub const QUEUE_SIZE: u16 = 256;
+/// The receive queue's. Linux fills every entry of it with a buffer of
+/// about 8 KiB (4 KiB of data in an skb) as the device is probed: 256 of
+/// them are 2 MiB of guest memory touched at every boot (about 44 ms of a
+/// test-host boot, docs/benchmarks.md) and kept for the VM's life. 64 keep
+/// 256 KiB on the way to the guest, as much as one of its sockets buffers
+/// by default.
+pub const RX_QUEUE_SIZE: u16 = 64;
+/// Every queue's maximum size, by index.
+pub const QUEUE_SIZES: [u16; QUEUE_COUNT] = [RX_QUEUE_SIZE, QUEUE_SIZE, QUEUE_SIZE];
 
 pub const TYPE_STREAM: u16 = 1;
 

@@ -9,7 +9,7 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 use virtio_queue::{Queue, QueueState, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::defs::{QUEUE_COUNT, QUEUE_SIZE};
+use super::defs::{QUEUE_COUNT, QUEUE_SIZES};
 use crate::state::{RestoreError, SaveError};
 use crate::virtio::device::{
     lock_shared, read_config_bytes, Activation, Error, Running, VirtioDevice,
@@ -58,7 +58,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE; QUEUE_COUNT]
+        &QUEUE_SIZES
     }
 
     fn features(&self) -> u64 {
