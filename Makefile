@@ -13,6 +13,8 @@
 #                                  egress/, docs/network.md)
 #   build/share/mvm/vmlinux        guest kernel (+ kernel.release, source-*)
 #   build/share/mvm/initramfs.cpio guest initramfs: guest-init + busybox
+#   build/share/mvm/initramfs-image.cpio  guest-init alone, for runs whose
+#                                  root is an image (docs/images.md)
 #   build/share/mvm/images/debian  the default guest image: Debian bookworm
 #                                  as an OCI image layout, tag debian-bookworm
 #                                  (rootfs/debian/build.sh, docs/images.md)
@@ -39,6 +41,7 @@ VIRTIOFSD := build/libexec/mvm/virtiofsd
 EGRESS   := build/libexec/mvm/mvm-egress
 KERNEL   := $(SHARE)/vmlinux
 INITRAMFS := $(SHARE)/initramfs.cpio
+INITRAMFS_IMAGE := $(SHARE)/initramfs-image.cpio
 IMAGE    := $(SHARE)/images/debian
 # Debian's containerd, runc shim, ctr and runc with their libraries, for
 # the e2e suite's containerd test in the test host.
@@ -48,7 +51,7 @@ TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
 .PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-sandbox bench-confine bench-containerd clean
-all: $(MVM) $(MVM_OCI) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS) $(CONTAINERD)
+all: $(MVM) $(MVM_OCI) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(INITRAMFS_IMAGE) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS) $(CONTAINERD)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -90,6 +93,9 @@ $(VIRTIOFSD): scripts/build-virtiofsd.sh build/.deps virtiofsd/Cargo.toml virtio
 
 $(INITRAMFS): $(RELEASE)/mvm-init rootfs/build.sh build/.deps
 	rootfs/build.sh $(RELEASE)/mvm-init $@
+
+$(INITRAMFS_IMAGE): $(RELEASE)/mvm-init rootfs/build.sh build/.deps
+	rootfs/build.sh --init-only $(RELEASE)/mvm-init $@
 
 # The default guest image, an OCI image layout (a directory). Cached by the
 # script itself (keyed on the package names and its RECIPE): warm, this is

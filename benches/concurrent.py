@@ -35,7 +35,7 @@ W=$(mktemp -d "${{TMPDIR:-/tmp}}/mvm-conc.XXXXXX") || exit 1
 trap 'cd /; rm -rf "$W"' EXIT
 mkdir -p "$W/bin" "$W/share/mvm" "$W/libexec/mvm" "$W/ws" &&
     cp "$B/bin/mvm" "$W/bin/" &&
-    cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$W/share/mvm/" &&
+    cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$B/share/mvm/initramfs-image.cpio" "$W/share/mvm/" &&
     cp "$B/libexec/mvm/virtiofsd" "$W/libexec/mvm/" &&
     ln -s "$B/share/mvm/images" "$W/share/mvm/images" || exit 1
 export MVM_TEMPLATES="$W/tpl"

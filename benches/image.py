@@ -99,7 +99,7 @@ up() { cut -d' ' -f1 /proc/uptime; }
 mkdir -p "$W/bin" "$W/share/mvm/images/debian" "$W/libexec/mvm" "$W/peers/bin" \
     "$W/store/blobs/sha256" "$W/store/rootfs" "$W/repo" &&
     cp "$B/bin/mvm" "$W/bin/" &&
-    cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$W/share/mvm/" &&
+    cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$B/share/mvm/initramfs-image.cpio" "$W/share/mvm/" &&
     cp "$B/share/mvm/images/debian/index.json" "$W/share/mvm/images/debian/" &&
     cp "$B/libexec/mvm/virtiofsd" "$W/libexec/mvm/" &&
     cp "$B/peers/bin/bwrap" "$B/peers/bin/exectime" "$W/peers/bin/" &&

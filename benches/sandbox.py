@@ -41,7 +41,7 @@ trap 'cd /; "$W/bin/mvm" rm -f sb >/dev/null 2>&1; rm -rf "$W"' EXIT
 mkdir -p "$W/bin" "$W/share/mvm" "$W/libexec/mvm" "$W/ws" "$W/peers/bin" "$W/xdg" &&
     chmod 700 "$W/xdg" &&
     cp "$B/bin/mvm" "$W/bin/" &&
-    cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$W/share/mvm/" &&
+    cp "$B/share/mvm/vmlinux" "$B/share/mvm/initramfs.cpio" "$B/share/mvm/initramfs-image.cpio" "$W/share/mvm/" &&
     cp "$B/libexec/mvm/virtiofsd" "$W/libexec/mvm/" &&
     cp "$B/peers/bin/bwrap" "$B/peers/bin/exectime" "$W/peers/bin/" &&
     cp -R "$B/peers/lib" "$W/peers/lib" &&

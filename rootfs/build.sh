@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Builds the guest initramfs: mvm-init as /init plus a static busybox.
 #
-#   rootfs/build.sh INIT_BINARY OUT_CPIO
+#   rootfs/build.sh [--init-only] INIT_BINARY OUT_CPIO
+#
+# --init-only leaves busybox out: the initramfs of runs whose root is an
+# image (initramfs-image.cpio), where nothing runs from the initramfs but
+# guest-init, and half the archive less is unpacked at every boot
+# (docs/benchmarks.md). A sandbox's machine keeps busybox: its mke2fs
+# formats the sandbox's disk before the switch to the image root.
 #
 # The archive is uncompressed newc: the kernel unpacks it directly, which
 # boots faster than decompressing. Entries are root-owned, sorted and dated
@@ -10,8 +16,13 @@
 # them). Prints only a one-line summary, on stderr.
 set -euo pipefail
 
+with_busybox=1
+if [ "${1:-}" = --init-only ]; then
+    with_busybox=0
+    shift
+fi
 if [ $# -ne 2 ]; then
-    echo "usage: rootfs/build.sh INIT_BINARY OUT_CPIO" >&2
+    echo "usage: rootfs/build.sh [--init-only] INIT_BINARY OUT_CPIO" >&2
     exit 2
 fi
 init=$1 out=$2
@@ -38,16 +49,17 @@ chmod 0700 "$root/root"
 # Stripped: its symbols are a sixth of the binary, and every byte of the
 # archive is unpacked at every boot (panics print no backtrace anyway).
 install -m 0755 -s "$init" "$root/init"
-install -m 0755 "$busybox" "$root/bin/busybox"
-
-# One symlink per applet; init and linuxrc are skipped so that nothing can
-# be mistaken for (or run instead of) our /init.
-for applet in $("$busybox" --list); do
-    case $applet in
-    init | linuxrc | busybox) continue ;;
-    esac
-    ln -s busybox "$root/bin/$applet"
-done
+if [ "$with_busybox" = 1 ]; then
+    install -m 0755 "$busybox" "$root/bin/busybox"
+    # One symlink per applet; init and linuxrc are skipped so that nothing
+    # can be mistaken for (or run instead of) our /init.
+    for applet in $("$busybox" --list); do
+        case $applet in
+        init | linuxrc | busybox) continue ;;
+        esac
+        ln -s busybox "$root/bin/$applet"
+    done
+fi
 
 cat >"$root/etc/passwd" <<'PASSWD'
 root:x:0:0:root:/root:/bin/sh

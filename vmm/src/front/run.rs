@@ -18,7 +18,7 @@ use super::request::{exec_request, root_disk, scratch_bytes};
 use super::template_save::{capture_at_ready, Ready, TemplateWriter};
 use super::{
     outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure, Failure,
-    SessionMoments, VmArgs, BASE_CMDLINE,
+    InitramfsNeeds, SessionMoments, VmArgs, BASE_CMDLINE,
 };
 use crate::config::{RootDir, VmConfig};
 use crate::exit_code;
@@ -142,7 +142,7 @@ pub fn run(
         image: image_config,
         shares,
         mut front,
-    } = plan_machine(vm, run)?;
+    } = plan_machine(vm, run, Purpose::Run)?;
     let argv = match &image_config {
         Some(c) => super::image::argv(c, argv),
         None => argv,
@@ -180,7 +180,19 @@ pub(super) struct Machine {
     pub front: Timeline,
 }
 
-pub(super) fn plan_machine(vm: &VmArgs, run: &RunArgs) -> Result<Machine, Failure> {
+/// What the machine is for: a sandbox's formats its disk from the
+/// initramfs (busybox's mke2fs) when its root is an image.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Purpose {
+    Run,
+    Sandbox,
+}
+
+pub(super) fn plan_machine(
+    vm: &VmArgs,
+    run: &RunArgs,
+    purpose: Purpose,
+) -> Result<Machine, Failure> {
     let mut front = Timeline::default();
     front.mark("arguments parsed");
     let cmdline = format!("{BASE_CMDLINE} quiet {} {}", agent_param(), vm.cmdline);
@@ -218,6 +230,13 @@ pub(super) fn plan_machine(vm: &VmArgs, run: &RunArgs) -> Result<Machine, Failur
             config.root_disk = Some(root_disk(path, scratch_bytes)?);
         }
         _ => {}
+    }
+    let needs = match (config.has_image_root(), purpose) {
+        (true, Purpose::Run) => InitramfsNeeds::InitAlone,
+        _ => InitramfsNeeds::Busybox,
+    };
+    if let Some(initrd) = vm.slimmer_initrd(needs) {
+        config.initrd = Some(initrd);
     }
     Ok(Machine {
         config,

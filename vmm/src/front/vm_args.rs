@@ -17,7 +17,9 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
     /// Guest initramfs (newc cpio) [default: $MVM_INITRD, else
-    /// ../share/mvm/initramfs.cpio next to the mvm binary]
+    /// ../share/mvm/initramfs.cpio next to the mvm binary; a run whose root
+    /// is an image, outside a sandbox, uses initramfs-image.cpio beside it,
+    /// guest-init without busybox, where there is one]
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
     /// Extra kernel command line parameters, appended (later ones win)
@@ -140,6 +142,43 @@ pub(crate) fn confine_vmm(
     confine::process(opts, writable).map_err(setup_failure)
 }
 
+/// What a machine's initramfs must hold beside guest-init.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InitramfsNeeds {
+    /// Its root is an image and nothing runs from the initramfs but
+    /// guest-init.
+    InitAlone,
+    /// Busybox too: the root is the initramfs itself, or a sandbox's disk
+    /// is formatted by busybox's mke2fs before the switch to the image.
+    Busybox,
+}
+
+impl VmArgs {
+    /// The initramfs for a machine that `needs`, where the user chose none
+    /// (neither --initrd nor $MVM_INITRD): guest-init alone, when that is
+    /// enough and installed; `None` keeps the default, busybox included.
+    pub(crate) fn slimmer_initrd(&self, needs: InitramfsNeeds) -> Option<PathBuf> {
+        let chosen = self.initrd.is_some() || std::env::var_os("MVM_INITRD").is_some();
+        let slim = beside_binary(Path::new("share/mvm").join(INIT_ALONE));
+        pick_slimmer(needs, chosen, slim.filter(|p| p.is_file()))
+    }
+}
+
+/// The initramfs of guest-init alone, beside the default one
+/// (`rootfs/build.sh --init-only`): half as much to unpack at every boot.
+const INIT_ALONE: &str = "initramfs-image.cpio";
+
+fn pick_slimmer(
+    needs: InitramfsNeeds,
+    chosen: bool,
+    installed: Option<PathBuf>,
+) -> Option<PathBuf> {
+    match (needs, chosen) {
+        (InitramfsNeeds::InitAlone, false) => installed,
+        _ => None,
+    }
+}
+
 /// `<dir of the mvm binary>/../share/mvm/<name>`, the layout `make`
 /// produces and an install keeps.
 fn default_artifact(env: &str, name: &str) -> Option<PathBuf> {
@@ -153,4 +192,30 @@ fn default_artifact(env: &str, name: &str) -> Option<PathBuf> {
 pub(crate) fn beside_binary(relative: impl AsRef<Path>) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     Some(exe.parent()?.parent()?.join(relative))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// guest-init alone only for an image root the user left to mvm, and
+    /// only where that initramfs is installed.
+    #[test]
+    fn the_slimmer_initramfs_only_where_nothing_else_runs_from_it() {
+        let slim = Some(PathBuf::from("/x/initramfs-image.cpio"));
+        assert_eq!(
+            pick_slimmer(InitramfsNeeds::InitAlone, false, slim.clone()),
+            slim
+        );
+        assert_eq!(
+            pick_slimmer(InitramfsNeeds::Busybox, false, slim.clone()),
+            None
+        );
+        assert_eq!(
+            pick_slimmer(InitramfsNeeds::InitAlone, true, slim.clone()),
+            None,
+            "--initrd or $MVM_INITRD wins"
+        );
+        assert_eq!(pick_slimmer(InitramfsNeeds::InitAlone, false, None), None);
+    }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::super::console_tail;
-use super::super::run::plan_machine;
+use super::super::run::{plan_machine, Purpose};
 use super::super::{setup_failure, Failure};
 use super::{disk_bytes, last_error, refuse_one_shot_options, sandbox_failure, CreateArgs};
 use crate::exit_code;
@@ -36,7 +36,7 @@ pub fn create(name: &str, options: &CreateArgs, args: Vec<String>) -> Result<i32
     let disk = disk_bytes(&options.disk)?;
     // Everything a run checks (shares, KVM, kernel) and the image pulled
     // and converted, here where its progress can be seen.
-    let machine = plan_machine(&options.vm, &options.run)?;
+    let machine = plan_machine(&options.vm, &options.run, Purpose::Sandbox)?;
     let image_root = machine.config.has_image_root();
     let cwd = std::env::current_dir()
         .map_err(|e| setup_failure(format!("cannot read the current directory: {e}")))?;

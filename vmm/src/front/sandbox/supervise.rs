@@ -23,7 +23,7 @@ use signal_hook::iterator::Signals;
 
 use super::super::launch::{launch, Launched, Spec, Templates};
 use super::super::request::exec_request;
-use super::super::run::{plan_machine, Machine};
+use super::super::run::{plan_machine, Machine, Purpose};
 use super::super::{outcome_failure, setup_failure, vmm_failure, Failure};
 use super::{parse_stored, sandbox_failure, CreateArgs};
 use crate::confine::{seccomp, ThreadKind};
@@ -85,7 +85,7 @@ fn supervise_claimed(
         image,
         shares,
         mut front,
-    } = plan_machine(vm, run)?;
+    } = plan_machine(vm, run, Purpose::Sandbox)?;
     if config.has_image_root() {
         let disk = paths.disk_path();
         if !disk.is_file() {
