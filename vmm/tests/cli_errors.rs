@@ -22,7 +22,10 @@ fn mvm(args: &[&str], envs: &[(&str, &str)]) -> Output {
         .env("MVM_IMAGE", "none")
         // These checks are about other errors; the one that refuses a
         // PVM-backed /dev/kvm (this project's machines) has its own test.
-        .env("MVM_ALLOW_SOFTWARE_KVM", "1");
+        .env("MVM_ALLOW_SOFTWARE_KVM", "1")
+        // Session directories under the target directory, not /tmp
+        // (`/tmp/mvm-<uid>` would outlive the tests).
+        .env("XDG_RUNTIME_DIR", env!("CARGO_TARGET_TMPDIR"));
     for (k, v) in envs {
         cmd.env(k, v);
     }

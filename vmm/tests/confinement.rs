@@ -32,7 +32,10 @@ fn mvm(guest: &str, flags: &[&str], envs: &[(&str, &str)]) -> Command {
     // The hand-written guest runs on a PVM-backed /dev/kvm too, and has
     // no use for an image root.
     cmd.env("MVM_ALLOW_SOFTWARE_KVM", "1")
-        .env("MVM_IMAGE", "none");
+        .env("MVM_IMAGE", "none")
+        // Session directories under the target directory, not /tmp
+        // (`/tmp/mvm-<uid>` would outlive the tests).
+        .env("XDG_RUNTIME_DIR", env!("CARGO_TARGET_TMPDIR"));
     for (k, v) in envs {
         cmd.env(k, v);
     }
