@@ -94,6 +94,17 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         "the first run's timeline: {}",
         run.stderr
     );
+    // Its boot mapped the loaded kernel and initramfs into the VM before
+    // the vCPUs ran (the test host's KVM, Linux 6.12 with nested paging,
+    // has KVM_PRE_FAULT_MEMORY).
+    assert!(
+        matches!(
+            (at("vcpus configured"), at("guest memory pre-faulted")),
+            (Some(configured), Some(mapped)) if configured < mapped
+        ),
+        "the first run's timeline: {}",
+        run.stderr
+    );
     assert!(
         run.stderr.contains("while the run went on"),
         "{}",
@@ -119,7 +130,8 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         );
     }
     // Where a restored run's time goes: the memory copied (a workspace
-    // is shared), then the guest's own steps in order, from its Exit.
+    // is shared) and its pages mapped into the VM ahead of the guest, then
+    // the guest's own steps in order, from its Exit.
     for i in 1..=2 {
         let phases: Vec<&str> = line(&format!("r{i} err: mvm: phase: "))
             .into_iter()
@@ -128,6 +140,7 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         let order = [
             "template found",
             "guest memory copied from the template",
+            "guest memory pre-faulted",
             "guest: clock set, entropy added and reseeded",
             "guest: image root mounted (overlay entered)",
             "guest: shares mounted",

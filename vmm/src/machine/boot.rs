@@ -60,6 +60,12 @@ pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error>
         vcpu.configure(&supported, config.vcpus, mem, entry)?;
     }
     machine.timeline.mark("vcpus configured");
+    // The kernel's first steps run through these pages (prefault.rs).
+    let initrd_range = initrd.map(|(addr, size)| addr.0..addr.0 + size as u64);
+    let loaded: Vec<_> = std::iter::once(kernel.start..kernel.end)
+        .chain(initrd_range)
+        .collect();
+    machine.prefault(&loaded);
     machine.cmdline = cmdline_text;
     Ok(machine)
 }

@@ -47,6 +47,9 @@ pub enum Error {
 #[derive(Debug, Clone, Copy)]
 pub struct LoadedKernel {
     pub entry: GuestAddress,
+    /// Where the image was loaded (for a vmlinux its entry, `startup_64`,
+    /// which opens its first segment).
+    pub start: u64,
     /// First byte after the loaded image.
     pub end: u64,
     pub setup_header: Option<setup_header>,
@@ -83,6 +86,7 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, E
     match Elf::load(mem, None, &mut file, himem) {
         Ok(r) => Ok(LoadedKernel {
             entry: r.kernel_load,
+            start: r.kernel_load.0,
             end: r.kernel_end,
             setup_header: None,
         }),
@@ -94,6 +98,7 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, E
                 })?;
             Ok(LoadedKernel {
                 entry: GuestAddress(r.kernel_load.0 + BZIMAGE_64BIT_ENTRY_OFFSET),
+                start: r.kernel_load.0,
                 end: r.kernel_end,
                 setup_header: r.setup_header,
             })

@@ -142,25 +142,27 @@ pub fn from_snapshot(
 /// page is shared with other machines through the page cache); the copy is
 /// done in the kernel where it can (`copy_file_range`), else through a
 /// buffer. The layout must be exactly that of a fresh guest of `mem_size`.
+/// Also returns the guest-physical ranges that were copied.
 pub fn from_snapshot_shared(
     file: &File,
     layout: &[RegionLayout],
     mem_size: u64,
-) -> Result<GuestMemoryMmap, Error> {
+) -> Result<(GuestMemoryMmap, Vec<Range<u64>>), Error> {
     check_layout(layout, mem_size)?;
     let mem = create(mem_size, Backing::Shared)?;
-    copy_into(file, layout, &mem, &mut Copier::new(true)).map_err(Error::Copy)?;
-    Ok(mem)
+    let copied = copy_into(file, layout, &mem, &mut Copier::new(true)).map_err(Error::Copy)?;
+    Ok((mem, copied))
 }
 
 /// Copies `file`'s data extents, region by region, into `mem`'s backing
-/// files.
+/// files; returns their guest-physical ranges.
 fn copy_into(
     file: &File,
     layout: &[RegionLayout],
     mem: &GuestMemoryMmap,
     copier: &mut Copier,
-) -> io::Result<()> {
+) -> io::Result<Vec<Range<u64>>> {
+    let mut copied = Vec::new();
     for r in layout {
         let dst = mem
             .find_region(GuestAddress(r.guest_addr))
@@ -180,9 +182,11 @@ fn copy_into(
                 to,
                 extent.end - extent.start,
             )?;
+            let at = r.guest_addr + (extent.start - r.file_offset);
+            copied.push(at..at + (extent.end - extent.start));
         }
     }
-    Ok(())
+    Ok(copied)
 }
 
 /// Copies ranges between files: `copy_file_range` while the kernel does
@@ -447,8 +451,24 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let (layout, data) = sparse_memory_file(&file);
 
-        let mem = from_snapshot_shared(&file, &layout, 4 << 30).unwrap();
+        let (mem, copied_ranges) = from_snapshot_shared(&file, &layout, 4 << 30).unwrap();
         assert_eq!(layout, crate::machine::snapshot::layout(&mem));
+        // The guest-physical ranges it reports copied: every byte of the
+        // data, and no more than the data's pages.
+        for (at, bytes) in &data {
+            let r = layout
+                .iter()
+                .find(|r| (r.file_offset..r.file_offset + r.len).contains(at))
+                .unwrap();
+            let gpa = r.guest_addr + at - r.file_offset;
+            let last = gpa + bytes.len() as u64 - 1;
+            assert!(
+                copied_ranges.iter().any(|c| c.contains(&gpa))
+                    && copied_ranges.iter().any(|c| c.contains(&last)),
+                "{at:#x} at {gpa:#x} not in {copied_ranges:x?}"
+            );
+        }
+        assert!(total(&copied_ranges) <= 5 * PAGE, "{copied_ranges:x?}");
         for region in mem.iter() {
             assert!(region.file_offset().is_some(), "file-backed");
             assert!(region.flags() & libc::MAP_SHARED != 0, "shared");
@@ -469,7 +489,7 @@ mod tests {
         for (at, bytes) in &data {
             source.write_all_at(bytes, *at).unwrap();
         }
-        let mem = from_snapshot_shared(&source, &layout, 4 << 30).unwrap();
+        let (mem, _) = from_snapshot_shared(&source, &layout, 4 << 30).unwrap();
         assert_holds(&mem, &layout, &data);
 
         assert!(matches!(

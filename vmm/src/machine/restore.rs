@@ -36,16 +36,20 @@ pub fn restore_loaded(
             config.vcpus
         )));
     }
-    let (mem, memory_phase) = if config.shares.is_empty() {
+    // The pages to map into the VM ahead of the guest (prefault.rs).
+    let (mem, memory_phase, prefault) = if config.shares.is_empty() {
         // Untouched pages come from the file through the page cache,
-        // shared with every machine restored from it.
+        // shared with every machine restored from it. None is mapped
+        // ahead: KVM would map them read-only, and the guest's first write
+        // to each still exits, for its private copy (measured in
+        // docs/benchmarks.md: no gain).
         let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
-        (mem, "guest memory mapped from the template")
+        (mem, "guest memory mapped from the template", Vec::new())
     } else {
         // virtiofsd maps guest memory too (MAP_SHARED), which a private
         // mapping of the file cannot be: a memfd with a copy of its data.
-        let mem = memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?;
-        (mem, "guest memory copied from the template")
+        let (mem, copied) = memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?;
+        (mem, "guest memory copied from the template", copied)
     };
     let memory_done = std::time::Instant::now();
     let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem))?;
@@ -62,6 +66,7 @@ pub fn restore_loaded(
         vcpu.restore_state(saved)?;
     }
     machine.timeline.mark("vcpu state restored");
+    machine.prefault(&prefault);
     machine.cmdline = state.cmdline;
     machine.restored = true;
     Ok(machine)

@@ -356,6 +356,12 @@ impl Vcpu {
         Ok(VcpuState::save(self.id, &self.fd, &self.msr_index)?)
     }
 
+    /// Maps guest memory that holds data ahead of the guest's first touch
+    /// (prefault.rs); returns the bytes mapped.
+    pub fn prefault(&self, ranges: &[std::ops::Range<u64>]) -> io::Result<u64> {
+        super::prefault::prefault(&self.fd, ranges)
+    }
+
     /// Sets saved state on a vCPU that has not run yet.
     pub fn restore_state(&self, state: &VcpuState) -> Result<(), Error> {
         Ok(state.restore(&self.fd)?)
