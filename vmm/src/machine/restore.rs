@@ -42,7 +42,7 @@ pub fn restore_loaded(
         // shared with every machine restored from it. None is mapped
         // ahead: KVM would map them read-only, and the guest's first write
         // to each still exits, for its private copy (measured in
-        // docs/benchmarks.md: no gain).
+        // docs/snapshots.md: no gain).
         let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
         (mem, "guest memory mapped from the template", Vec::new())
     } else {
