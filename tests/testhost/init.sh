@@ -96,6 +96,16 @@ esac
 mkdir -p "$cwd" || die "mkdir $cwd"
 mount -t 9p -o "$p9opts" workspace "$cwd" || die "mount the workspace share at $cwd"
 
+# Huge pages for what asks for them (kernel.config): anonymous memory
+# under MADV_HUGEPAGE (the kernel's default, madvise) and, as for mvm's
+# guest RAM with shares, a memfd under the same advice. Never compact
+# memory to make one, in a fault or in khugepaged: under TCG that stalled
+# the test host past the wrapper's heartbeat (docs/benchmarks.md).
+thp=/sys/kernel/mm/transparent_hugepage
+echo never >$thp/defrag || die "set $thp/defrag"
+echo 0 >$thp/khugepaged/defrag || die "set $thp/khugepaged/defrag"
+echo advise >$thp/shmem_enabled || die "set $thp/shmem_enabled"
+
 # KVM_AMD is built in, so /dev/kvm normally exists before init runs; wait a
 # little anyway in case devtmpfs is late.
 i=0
