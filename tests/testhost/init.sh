@@ -96,15 +96,19 @@ esac
 mkdir -p "$cwd" || die "mkdir $cwd"
 mount -t 9p -o "$p9opts" workspace "$cwd" || die "mount the workspace share at $cwd"
 
-# Huge pages for what asks for them (kernel.config): anonymous memory
-# under MADV_HUGEPAGE (the kernel's default, madvise) and, as for mvm's
-# guest RAM with shares, a memfd under the same advice. Never compact
-# memory to make one, in a fault or in khugepaged: under TCG that stalled
-# the test host past the wrapper's heartbeat (docs/benchmarks.md).
+# Huge pages for what asks for them (kernel.config): anonymous memory as
+# the wrapper's MVM_TESTHOST_THP says (transparent_hugepage=, madvise by
+# default) and, unless that is never, a memfd under MADV_HUGEPAGE too, as
+# mvm's guest RAM with shares is. Never compact memory to make one, in a
+# fault or in khugepaged: under TCG that stalled the test host past the
+# wrapper's heartbeat (docs/benchmarks.md).
 thp=/sys/kernel/mm/transparent_hugepage
 echo never >$thp/defrag || die "set $thp/defrag"
 echo 0 >$thp/khugepaged/defrag || die "set $thp/khugepaged/defrag"
-echo advise >$thp/shmem_enabled || die "set $thp/shmem_enabled"
+if ! grep -q '\[never\]' $thp/enabled; then
+    echo advise >$thp/shmem_enabled || die "set $thp/shmem_enabled"
+fi
+log "transparent huge pages: $(cat $thp/enabled), shmem $(cat $thp/shmem_enabled)"
 
 # KVM_AMD is built in, so /dev/kvm normally exists before init runs; wait a
 # little anyway in case devtmpfs is late.
