@@ -118,6 +118,7 @@ P=$W/peers
 X=$P/bin/exectime
 echo "info cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "info kernel $(uname -r)"
+echo "info thp $(sed 's/.*\[\(.*\)\].*/\1/' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo none)"
 echo "info mvm-version $("$W/bin/mvm" --version)"
 # mvm's workspace (the current directory, shared by default): an empty one.
 cd "$W/ws" || exit 1
@@ -744,7 +745,8 @@ def main():
     if not hw:
         lines += [
             f"- everything ran inside one test host (CPU as it sees it: {info.get('cpu', '?')}; "
-            f"kernel {info.get('kernel', '?')}; 1 vCPU), mvm and both peers alike",
+            f"kernel {info.get('kernel', '?')}; 1 vCPU; transparent huge pages {info.get('thp', '?')}),"
+            " mvm and both peers alike",
             "- **inside the TCG test host every millisecond is emulated time, and the guests run under "
             "nested KVM on top of it: read the ratios, measured side by side in the same test host; "
             "never compare these absolute figures with hardware ones**",

@@ -24,6 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import ROOT, WRAPPER, host_type, write_result  # noqa: E402
 
 DIR = "/run/tmp/mvm-bench-fs"
+# What tests/testhost/mvm gives the test host (its MVM_TESTHOST_THP).
+THP = os.environ.get("MVM_TESTHOST_THP", "madvise")
 MB = 200
 
 # The time before and after one command in microseconds, printed as "NAME
@@ -126,11 +128,13 @@ def main():
         "",
         f"Host: {kind}; CPU: {model}. Median of {args.n} rounds; each round a fresh VM",
         "(cold guest page cache) sharing a directory on the host's tmpfs read-only",
-        "through virtio-fs (virtiofsd, --cache=auto). 'host' runs the same command",
+        "through virtio-fs (virtiofsd, --cache=always, as for any read-only share of",
+        "`mvm run`). 'host' runs the same command",
         "on the machine mvm runs on; 'guest, own tmpfs' the same on a copy in the",
         "guest's /tmp, which isolates the cost of virtio-fs from that of running",
         "in a VM at all." + ("" if hw else " Under TCG every figure is emulated time, and the guest runs"
-                            " under nested KVM on top of it: read the ratios, not the times."),
+                            " under nested KVM on top of it: read the ratios, not the times."
+                            f" The test host's transparent huge pages: {THP}."),
         "Times come from the clock read by busybox `adjtimex` (microseconds), less the",
         "cost of reading it (timed around an empty command in the same place).",
         "",
