@@ -25,7 +25,7 @@ from bench import ROOT, WRAPPER, host_type, write_result  # noqa: E402
 
 DIR = "/run/tmp/mvm-bench-fs"
 # What tests/testhost/mvm gives the test host (its MVM_TESTHOST_THP).
-THP = os.environ.get("MVM_TESTHOST_THP", "madvise")
+THP = os.environ.get("MVM_TESTHOST_THP", "never")
 MB = 200
 
 # The time before and after one command in microseconds, printed as "NAME

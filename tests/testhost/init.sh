@@ -97,7 +97,7 @@ mkdir -p "$cwd" || die "mkdir $cwd"
 mount -t 9p -o "$p9opts" workspace "$cwd" || die "mount the workspace share at $cwd"
 
 # Huge pages for what asks for them (kernel.config): anonymous memory as
-# the wrapper's MVM_TESTHOST_THP says (transparent_hugepage=, madvise by
+# the wrapper's MVM_TESTHOST_THP says (transparent_hugepage=, never by
 # default) and, unless that is never, a memfd under MADV_HUGEPAGE too, as
 # mvm's guest RAM with shares is. Never compact memory to make one, in a
 # fault or in khugepaged: under TCG that stalled the test host past the
