@@ -24,8 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import ROOT, WRAPPER, host_type, write_result  # noqa: E402
 
 DIR = "/run/tmp/mvm-bench-fs"
-# What tests/testhost/mvm gives the test host (its MVM_TESTHOST_THP).
-THP = os.environ.get("MVM_TESTHOST_THP", "never")
 MB = 200
 
 # The time before and after one command in microseconds, printed as "NAME
@@ -51,6 +49,7 @@ MAKE = f"""mkdir -p {{d}}/tree && head -c {MB * 1000 * 1000} /dev/zero >{{d}}/bi
 for d in $(seq 100); do mkdir d$d; for f in $(seq 100); do : >d$d/f$f; done; done; cd /"""
 
 SETUP = f"""set -e
+echo "thp $(sed 's/.*\\[\\(.*\\)\\].*/\\1/' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo none)"
 rm -rf {DIR}
 {MAKE.format(d=DIR)}
 {WORK.format(d=DIR, p="")}
@@ -72,6 +71,9 @@ def parse(lines):
         m = re.match(r"^((?:local-)?(?:read|find|clock)) ([0-9.]+) ([0-9.]+)$", line)
         if m:
             got[m.group(1)] = (float(m.group(3)) - float(m.group(2))) * 1000
+        m = re.match(r"^thp (\S+)$", line)
+        if m:
+            got["thp"] = m.group(1)
         m = re.match(r"^((?:local-)?files) (\d+)$", line)
         if m:
             got[m.group(1)] = int(m.group(2))
@@ -134,7 +136,8 @@ def main():
         "guest's /tmp, which isolates the cost of virtio-fs from that of running",
         "in a VM at all." + ("" if hw else " Under TCG every figure is emulated time, and the guest runs"
                             " under nested KVM on top of it: read the ratios, not the times."
-                            f" The test host's transparent huge pages: {THP}."),
+                            " The test host's transparent huge pages: "
+                            f"{rounds[0][0].get('thp', '?')}."),
         "Times come from the clock read by busybox `adjtimex` (microseconds), less the",
         "cost of reading it (timed around an empty command in the same place).",
         "",
