@@ -11,6 +11,8 @@
 #                                  mvm's guard, scripts/build-virtiofsd.sh)
 #   build/libexec/mvm/mvm-egress   the host-side egress proxy (static,
 #                                  egress/, docs/network.md)
+#   build/libexec/mvm/mvm-pull     the registry client `mvm image pull`
+#                                  runs (static, image/, docs/images.md)
 #   build/share/mvm/vmlinux        guest kernel (+ kernel.release, source-*)
 #   build/share/mvm/initramfs.cpio guest initramfs: guest-init + busybox
 #   build/share/mvm/initramfs-image.cpio  guest-init alone, for runs whose
@@ -32,13 +34,14 @@ TARGET   := x86_64-unknown-linux-gnu
 # off build scripts and proc macros.
 STATIC   := RUSTFLAGS="-C target-feature=+crt-static"
 RELEASE  := target/$(TARGET)/release
-CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol egress -name '*.rs' -o -name Cargo.toml)
+CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol egress image -name '*.rs' -o -name Cargo.toml)
 
 SHARE    := build/share/mvm
 MVM      := build/bin/mvm
 MVM_OCI  := build/bin/mvm-oci
 VIRTIOFSD := build/libexec/mvm/virtiofsd
 EGRESS   := build/libexec/mvm/mvm-egress
+PULL     := build/libexec/mvm/mvm-pull
 KERNEL   := $(SHARE)/vmlinux
 INITRAMFS := $(SHARE)/initramfs.cpio
 INITRAMFS_IMAGE := $(SHARE)/initramfs-image.cpio
@@ -51,7 +54,7 @@ TH_KERNEL := build/testhost/bzImage
 TH_INITRAMFS := build/testhost/initramfs.cpio
 
 .PHONY: all deps demo test unit e2e battery battery-red battery-doc lint fuzz bench bench-fs bench-image bench-egress bench-concurrent bench-sandbox bench-confine bench-containerd clean
-all: $(MVM) $(MVM_OCI) $(VIRTIOFSD) $(EGRESS) $(KERNEL) $(INITRAMFS) $(INITRAMFS_IMAGE) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS) $(CONTAINERD)
+all: $(MVM) $(MVM_OCI) $(VIRTIOFSD) $(EGRESS) $(PULL) $(KERNEL) $(INITRAMFS) $(INITRAMFS_IMAGE) $(IMAGE) $(IMAGE_ROOT) $(TH_KERNEL) $(TH_INITRAMFS) $(CONTAINERD)
 
 deps: build/.deps
 build/.deps: scripts/install-deps.sh
@@ -66,8 +69,8 @@ $(KERNEL): guest-kernel/guest.config guest-kernel/build.sh build/.deps
 $(TH_KERNEL): tests/testhost/kernel.config guest-kernel/build.sh build/.deps
 	guest-kernel/build.sh tests/testhost/kernel.config bzImage build/testhost
 
-$(RELEASE)/mvm $(RELEASE)/mvm-init $(RELEASE)/mvm-egress: $(CARGO_SRCS)
-	$(STATIC) cargo build --release --locked --target $(TARGET) -p mvm -p mvm-guest-init -p mvm-egress
+$(RELEASE)/mvm $(RELEASE)/mvm-init $(RELEASE)/mvm-egress $(RELEASE)/mvm-pull: $(CARGO_SRCS)
+	$(STATIC) cargo build --release --locked --target $(TARGET) -p mvm -p mvm-guest-init -p mvm-egress -p mvm-image
 
 $(MVM): $(RELEASE)/mvm
 	@mkdir -p $(dir $@)
@@ -81,6 +84,10 @@ $(CONTAINERD): scripts/bundle-containerd.sh scripts/ldd-closure.sh build/.deps
 	scripts/bundle-containerd.sh build/containerd
 
 $(EGRESS): $(RELEASE)/mvm-egress
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(PULL): $(RELEASE)/mvm-pull
 	@mkdir -p $(dir $@)
 	cp $< $@
 

@@ -37,6 +37,7 @@ mod flatten;
 mod limits;
 mod manifest;
 mod progress;
+pub mod pull_helper;
 mod registry;
 mod source;
 mod store;
@@ -50,8 +51,10 @@ pub use store::Store;
 
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 /// An image in the store.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Image {
     /// NAME:TAG, or None for an image known only by its digest.
     pub name: Option<String>,
@@ -69,7 +72,7 @@ pub struct Image {
 }
 
 /// What one import copied into the store.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportStats {
     /// Blobs (manifest, config, layers) new to the store; 0 when the image
     /// was already there.
@@ -77,7 +80,7 @@ pub struct ImportStats {
     pub bytes_copied: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerInfo {
     pub digest: String,
     pub media_type: String,
@@ -86,7 +89,7 @@ pub struct LayerInfo {
 }
 
 /// The parts of an image's config that say how to run it.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ImageConfig {
     pub env: Vec<String>,
     pub working_dir: Option<String>,

@@ -605,3 +605,50 @@ fn base64_matches_the_standard() {
         Some(4)
     );
 }
+
+/// The registry client (HTTP, TLS, the distribution API) is in mvm-pull
+/// alone: not in the binary every `mvm run` maps, whose process a guest
+/// attacks. Read from the binaries' function names, as Rust mangles them
+/// (`_ZN10oci_client...`: each path component after its length), not from
+/// the object file names, which the linker lists for every crate it was
+/// given. The control: the same search finds each of the client's crates
+/// in mvm-pull (a stripped build would fail it rather than pass).
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn the_registry_client_is_in_mvm_pull_and_not_in_mvm() {
+    let holds = |binary: &str, krate: &str| {
+        let bytes = std::fs::read(build_dir().join(binary)).expect("read a binary `make` built");
+        let mangled = format!("{}{krate}", krate.len());
+        bytes
+            .windows(mangled.len())
+            .any(|w| w == mangled.as_bytes())
+    };
+    for krate in ["oci_client", "rustls", "reqwest", "hyper", "tokio"] {
+        assert!(
+            holds("libexec/mvm/mvm-pull", krate),
+            "mvm-pull lacks {krate}"
+        );
+        assert!(!holds("bin/mvm", krate), "mvm holds {krate}");
+    }
+}
+
+/// Without its helper, a pull is one line that says what to do; a helper
+/// that ends without an answer is one line too, and the store is as it was.
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn a_missing_or_silent_mvm_pull_is_one_line() {
+    let store = fresh_store("helper");
+    let args = ["image", "pull", "127.0.0.1:1/a/b:1"];
+    let missing = work_dir().join("no-such-mvm-pull");
+    let out = mvm_here(&store, &[("MVM_PULL", missing.to_str().unwrap())], &args);
+    one_line_125(
+        &out,
+        "cannot find mvm-pull, the registry client: run 'make' or set MVM_PULL",
+    );
+    let out = mvm_here(&store, &[("MVM_PULL", "/bin/false")], &args);
+    one_line_125(
+        &out,
+        "mvm-pull (/bin/false) ended without an answer (exit status: 1)",
+    );
+    assert_eq!(store_state(&store), (String::new(), 0));
+}

@@ -1,18 +1,28 @@
 //! What every helper process mvm starts (virtiofsd, mvm-egress) shares:
 //! in the child before exec, a process group of its own (a Ctrl-C at the
 //! terminal is mvm's to handle) and SIGKILL when mvm dies; and at the end,
-//! the whole group killed and the child reaped.
+//! the whole group killed and the child reaped. mvm-pull, which runs in
+//! the foreground before any VM, only dies with mvm (a Ctrl-C reaches both).
 
 use std::io;
 use std::process::Child;
 
 /// In the forked child, before exec: its own process group and death
-/// with `parent` (checked afterwards: the parent may have died before the
-/// prctl took effect). `what` names the helper in the error.
+/// with `parent` (see [`die_with`]). `what` names the helper in the error.
 pub fn own_group_and_die_with(parent: libc::pid_t, what: &str) -> io::Result<()> {
+    // SAFETY: a plain syscall about this process only.
+    if unsafe { libc::setpgid(0, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    die_with(parent, what)
+}
+
+/// In the forked child, before exec: SIGKILL when `parent` dies (checked
+/// afterwards: the parent may have died before the prctl took effect).
+pub fn die_with(parent: libc::pid_t, what: &str) -> io::Result<()> {
     // SAFETY: plain syscalls about this process only.
     unsafe {
-        if libc::setpgid(0, 0) < 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
             return Err(io::Error::last_os_error());
         }
         if libc::getppid() != parent {

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use mvm_image::{
-    names_a_registry, Image, ImageConfig, ImageSource, Limits, PullOptions, Store, TerminalProgress,
+    names_a_registry, Image, ImageConfig, ImageSource, Limits, Store, TerminalProgress,
 };
 
+use super::pull::pull;
 use super::{beside_binary, setup_failure, Failure};
 
 /// The name `--image default` stands for: the Debian image `make` builds
@@ -81,17 +82,6 @@ fn store() -> Result<Store, Failure> {
     Store::open(&root).map_err(setup_failure)
 }
 
-/// Pulls REF. The client's tokio runtime lives inside `Store::pull` and is
-/// gone when it returns: nothing of it is left when the VMM starts its
-/// threads and confines them.
-fn pull(store: &Store, reference: &str, insecure: &[String]) -> Result<Image, Failure> {
-    let mut opts = PullOptions::from_env().map_err(setup_failure)?;
-    opts.insecure.extend(insecure.iter().cloned());
-    store
-        .pull(reference, &opts, &mut TerminalProgress::new())
-        .map_err(setup_failure)
-}
-
 /// `mvm run --image REF`: the image imported (a source) or found, else
 /// pulled if REF names a registry, then its root converted (once; later
 /// runs take the cached one). A registry image already in the store is
@@ -116,7 +106,7 @@ pub fn prepare(reference: &str, insecure: &[String]) -> Result<Prepared, Failure
             Ok(image) => image,
             // A digest reference (HOST/NAME@sha256:..) is not a store name:
             // `pull` finds it in the store itself, with no request.
-            Err(_) if names_a_registry(reference) => pull(&store, reference, insecure)?,
+            Err(_) if names_a_registry(reference) => pull(reference, insecure)?,
             Err(e) => return Err(setup_failure(e)),
         }
     };
@@ -258,7 +248,7 @@ pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
             reference,
             insecure_registry,
         } => {
-            let image = pull(&store()?, reference, insecure_registry)?;
+            let image = pull(reference, insecure_registry)?;
             print_imported(&image);
         }
     }

@@ -13,6 +13,7 @@ pub mod image;
 mod join;
 mod launch;
 pub mod oci;
+mod pull;
 mod request;
 mod root_file;
 pub mod run;
