@@ -11,12 +11,15 @@
 //! its own environment (the store's root, `MVM_INSECURE_REGISTRIES`,
 //! `MVM_REGISTRY_TIMEOUT`, the auth files) and its own stderr, where the
 //! progress line goes. mvm-pull prints one [`Answer`] as a line of JSON on
-//! stdout and exits 0 if it pulled, 1 if not; the store is unchanged when
-//! it did not (the store's own rule).
+//! stdout, its last, and exits 0 if it pulled, 1 if not; the store is
+//! unchanged when it did not (the store's own rule). The client itself is
+//! the `registry` feature, which mvm-pull needs and mvm leaves out.
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Image, PullOptions, Store, TerminalProgress};
+use crate::Image;
+#[cfg(feature = "registry")]
+use crate::{Error, PullOptions, Store, TerminalProgress};
 
 /// The helper's name: beside mvm at `../libexec/mvm/mvm-pull`.
 pub const BINARY: &str = "mvm-pull";
@@ -37,9 +40,13 @@ impl Answer {
         serde_json::to_string(self).expect("an Answer is plain data")
     }
 
-    /// The answer in mvm-pull's stdout (its first line), if there is one.
+    /// The answer in mvm-pull's stdout, if there is one: its last line
+    /// (mvm-pull prints the answer last, after anything a library it uses
+    /// might print).
     pub fn from_output(stdout: &[u8]) -> Option<Answer> {
-        let line = stdout.split(|b| *b == b'\n').next()?;
+        let line = stdout
+            .split(|b| *b == b'\n')
+            .rfind(|l| !l.trim_ascii().is_empty())?;
         serde_json::from_slice(line).ok()
     }
 
@@ -53,6 +60,7 @@ impl Answer {
 }
 
 /// What mvm-pull does: REF pulled into the store the environment names.
+#[cfg(feature = "registry")]
 pub fn pull(reference: &str, insecure: &[String]) -> Answer {
     let pulled = || -> Result<Image, Error> {
         let mut opts = PullOptions::from_env()?;
@@ -101,8 +109,9 @@ mod tests {
         ] {
             let line = answer.to_line();
             assert!(!line.contains('\n'), "{line}");
-            let mut stdout = line.into_bytes();
-            stdout.extend_from_slice(b"\nanything after the line\n");
+            let mut stdout = b"anything printed before the answer\n".to_vec();
+            stdout.extend_from_slice(line.as_bytes());
+            stdout.extend_from_slice(b"\n\n");
             assert_eq!(Answer::from_output(&stdout), Some(answer));
         }
     }
@@ -112,5 +121,7 @@ mod tests {
         assert_eq!(Answer::from_output(b""), None);
         assert_eq!(Answer::from_output(b"thread 'main' panicked\n"), None);
         assert_eq!(Answer::from_output(b"{\"pulled\":{}}\n"), None);
+        let answer_then_more = format!("{}\nmore\n", Answer::Failed("x".into()).to_line());
+        assert_eq!(Answer::from_output(answer_then_more.as_bytes()), None);
     }
 }

@@ -331,11 +331,13 @@ fn a_pull_is_verified_and_a_second_one_fetches_no_blob() {
     assert!(reg.requests(&["/manifests/"]) > manifests);
 
     // By digest, with the host insecure through the environment: stored,
-    // so no request at all.
+    // so no request at all, and no client either (mvm-pull made missing;
+    // the control below needs it).
     let all = reg.requests(&["\""]);
     let pinned = reg.image(&format!("@{digest}"));
     let env = [("MVM_INSECURE_REGISTRIES", reg.host.as_str())];
-    let by_digest = mvm_here(&store, &env, &["image", "pull", &pinned]);
+    let no_client = [env[0], ("MVM_PULL", "/nonexistent/mvm-pull")];
+    let by_digest = mvm_here(&store, &no_client, &["image", "pull", &pinned]);
     assert_eq!(by_digest.code, 0, "{}", by_digest.stderr);
     assert!(by_digest.stdout.contains(&digest), "{}", by_digest.stdout);
     assert_eq!(reg.requests(&["\""]), all, "a stored digest made requests");
@@ -608,32 +610,44 @@ fn base64_matches_the_standard() {
 
 /// The registry client (HTTP, TLS, the distribution API) is in mvm-pull
 /// alone: not in the binary every `mvm run` maps, whose process a guest
-/// attacks. Read from the binaries' function names, as Rust mangles them
-/// (`_ZN10oci_client...`: each path component after its length), not from
-/// the object file names, which the linker lists for every crate it was
-/// given. The control: the same search finds each of the client's crates
-/// in mvm-pull (a stripped build would fail it rather than pass).
+/// attacks. Read from the binaries' function names as Rust mangles them
+/// (`_ZN10oci_client...`, each path component after its length; trait
+/// impls and drop glue as `$LT$tokio..`) and from the source paths of
+/// panic locations (`/tokio-1.`), not from the object file names, which
+/// the linker lists for every crate it was given. The control: each
+/// search finds each of the client's crates in mvm-pull.
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn the_registry_client_is_in_mvm_pull_and_not_in_mvm() {
-    let holds = |binary: &str, krate: &str| {
-        let bytes = std::fs::read(build_dir().join(binary)).expect("read a binary `make` built");
-        let mangled = format!("{}{krate}", krate.len());
+    let read =
+        |binary: &str| std::fs::read(build_dir().join(binary)).expect("read a binary `make` built");
+    let (mvm, pull) = (read("bin/mvm"), read("libexec/mvm/mvm-pull"));
+    let has =
+        |bytes: &[u8], needle: &str| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
+    let has_source_path = |bytes: &[u8], dir: &str| {
+        let needle = format!("/{dir}-");
         bytes
-            .windows(mangled.len())
-            .any(|w| w == mangled.as_bytes())
+            .windows(needle.len() + 1)
+            .any(|w| &w[..needle.len()] == needle.as_bytes() && w[needle.len()].is_ascii_digit())
     };
-    for krate in ["oci_client", "rustls", "reqwest", "hyper", "tokio"] {
-        assert!(
-            holds("libexec/mvm/mvm-pull", krate),
-            "mvm-pull lacks {krate}"
-        );
-        assert!(!holds("bin/mvm", krate), "mvm holds {krate}");
+    for (krate, dir) in [
+        ("oci_client", "oci-client"),
+        ("rustls", "rustls"),
+        ("reqwest", "reqwest"),
+        ("hyper", "hyper"),
+        ("tokio", "tokio"),
+    ] {
+        for mangled in [format!("{}{krate}", krate.len()), format!("{krate}..")] {
+            assert!(has(&pull, &mangled), "mvm-pull lacks {mangled}");
+            assert!(!has(&mvm, &mangled), "mvm holds {mangled}");
+        }
+        assert!(has_source_path(&pull, dir), "mvm-pull lacks /{dir}-");
+        assert!(!has_source_path(&mvm, dir), "mvm holds /{dir}-");
     }
 }
 
-/// Without its helper, a pull is one line that says what to do; a helper
-/// that ends without an answer is one line too, and the store is as it was.
+/// Without its helper, a pull is one line that says what to do; so is a
+/// helper that ends without an answer.
 #[test]
 #[ignore = "end-to-end: needs `make`; run by `make e2e`"]
 fn a_missing_or_silent_mvm_pull_is_one_line() {
@@ -650,5 +664,52 @@ fn a_missing_or_silent_mvm_pull_is_one_line() {
         &out,
         "mvm-pull (/bin/false) ended without an answer (exit status: 1)",
     );
-    assert_eq!(store_state(&store), (String::new(), 0));
+}
+
+/// mvm-pull's stderr is mvm's (its progress line needs the terminal), and
+/// its answer is its last line on stdout, whatever came before. A stand-in
+/// helper, since the real one prints nothing before its answer and draws
+/// progress only after a second.
+#[test]
+#[ignore = "end-to-end: needs `make`; run by `make e2e`"]
+fn mvm_pull_speaks_on_mvms_stderr_and_answers_last() {
+    let store = fresh_store("helper-stderr");
+    std::fs::create_dir_all(work_dir()).unwrap();
+    let fake = work_dir().join("fake-mvm-pull");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n\
+         if [ -t 2 ]; then echo 'helper stderr: a terminal' >&2; else echo 'helper stderr: no terminal' >&2; fi\n\
+         echo 'something a library printed'\n\
+         echo '{\"failed\":\"registry 127.0.0.1:1: the stand-in refused\"}'\n\
+         exit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let env = [("MVM_PULL", fake.to_str().unwrap())];
+    let out = mvm_here(&store, &env, &["image", "pull", "127.0.0.1:1/a/b:1"]);
+    assert_eq!(out.code, 125, "{}", out.stderr);
+    assert_eq!(
+        out.stderr.lines().collect::<Vec<_>>(),
+        [
+            "helper stderr: no terminal",
+            "mvm: registry 127.0.0.1:1: the stand-in refused"
+        ],
+        "{}",
+        out.stderr
+    );
+    // On a terminal (util-linux's script gives mvm a pty), so is the helper.
+    let line = format!(
+        "MVM_IMAGES={} MVM_PULL={} {} image pull 127.0.0.1:1/a/b:1",
+        store.display(),
+        fake.display(),
+        build_dir().join("bin/mvm").display()
+    );
+    let tty = Command::new("script")
+        .args(["-qefc", &line, "/dev/null"])
+        .output()
+        .expect("run script");
+    let drawn = String::from_utf8_lossy(&tty.stdout);
+    assert!(drawn.contains("helper stderr: a terminal"), "{drawn:?}");
+    assert!(drawn.contains("the stand-in refused"), "{drawn:?}");
 }

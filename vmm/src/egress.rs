@@ -227,7 +227,7 @@ fn child_setup(fds: &[(RawFd, RawFd)], parent: libc::pid_t) -> io::Result<()> {
             check(libc::dup2(high[i], *to))?;
         }
     }
-    crate::helper_process::own_group_and_die_with(parent, "mvm-egress")
+    crate::helper_process::own_group_and_die_with(parent)
 }
 
 /// What the proxy counted, from its summary file.

@@ -8,27 +8,28 @@ use std::io;
 use std::process::Child;
 
 /// In the forked child, before exec: its own process group and death
-/// with `parent` (see [`die_with`]). `what` names the helper in the error.
-pub fn own_group_and_die_with(parent: libc::pid_t, what: &str) -> io::Result<()> {
+/// with `parent` (see [`die_with`]).
+pub fn own_group_and_die_with(parent: libc::pid_t) -> io::Result<()> {
     // SAFETY: a plain syscall about this process only.
     if unsafe { libc::setpgid(0, 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    die_with(parent, what)
+    die_with(parent)
 }
 
-/// In the forked child, before exec: SIGKILL when `parent` dies (checked
-/// afterwards: the parent may have died before the prctl took effect).
-pub fn die_with(parent: libc::pid_t, what: &str) -> io::Result<()> {
+/// In the forked child, before exec: SIGKILL when `parent` dies, and
+/// ESRCH if it already has (the parent may have died before the prctl
+/// took effect). Nothing here allocates: between fork and exec only
+/// async-signal-safe calls are allowed, and only an OS error code
+/// reaches the parent anyway.
+pub fn die_with(parent: libc::pid_t) -> io::Result<()> {
     // SAFETY: plain syscalls about this process only.
     unsafe {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
             return Err(io::Error::last_os_error());
         }
         if libc::getppid() != parent {
-            return Err(io::Error::other(format!(
-                "mvm exited while starting {what}"
-            )));
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
     }
     Ok(())

@@ -193,7 +193,7 @@ fn child_setup(listen_fd: RawFd, dir_fd: RawFd, parent: libc::pid_t) -> io::Resu
             check(libc::dup2(listen_fd, SOCKET_FD))?;
         }
     }
-    crate::helper_process::own_group_and_die_with(parent, "virtiofsd")
+    crate::helper_process::own_group_and_die_with(parent)
 }
 
 impl Virtiofsd {

@@ -1,13 +1,20 @@
 //! Registry references, credentials and the client that talks the OCI
-//! distribution API (`Store::pull`, src/store/pull.rs, is the user).
+//! distribution API (`Store::pull`, src/store/pull.rs, is the user). The
+//! references and options are always here; the client only with the
+//! `registry` feature, which mvm-pull has and mvm does not.
 
+#[cfg(feature = "registry")]
 mod auth;
+#[cfg(feature = "registry")]
 mod fail;
+#[cfg(feature = "registry")]
 mod remote;
 
 use std::time::Duration;
 
+#[cfg(feature = "registry")]
 pub(crate) use auth::Credentials;
+#[cfg(feature = "registry")]
 pub(crate) use remote::Remote;
 
 use crate::digest::hex_of;
@@ -155,6 +162,7 @@ impl RegistryRef {
     }
 
     /// HOST/NAME:TAG or HOST/NAME@DIGEST, for messages.
+    #[cfg(feature = "registry")]
     pub(crate) fn describe(&self) -> String {
         match (&self.digest, &self.tag) {
             (Some(d), _) => format!("{}/{}@{d}", self.host, self.repository),

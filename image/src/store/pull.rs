@@ -4,8 +4,12 @@
 
 use super::names::Names;
 use super::Store;
-use crate::registry::{PullOptions, RegistryRef, Remote};
-use crate::{Error, Image, Progress};
+use crate::registry::RegistryRef;
+#[cfg(feature = "registry")]
+use crate::registry::{PullOptions, Remote};
+#[cfg(feature = "registry")]
+use crate::Progress;
+use crate::{Error, Image};
 
 impl Store {
     /// Pulls HOST[:PORT]/NAME[:TAG] (tag `latest` by default) or
@@ -14,23 +18,35 @@ impl Store {
     /// reachable by digest). The manifest is always asked for (a tag may
     /// have moved); blobs already in the store are not downloaded. A
     /// digest reference whose image is stored makes no request at all.
+    #[cfg(feature = "registry")]
     pub fn pull(
         &self,
         reference: &str,
         opts: &PullOptions,
         progress: &mut dyn Progress,
     ) -> Result<Image, Error> {
-        let r = RegistryRef::parse(reference)?;
-        if let Some(digest) = &r.digest {
-            if let Some(image) = self.stored_whole(&r, digest)? {
-                return Ok(image);
-            }
+        if let Some(image) = self.find_by_registry_digest(reference)? {
+            return Ok(image);
         }
+        let r = RegistryRef::parse(reference)?;
         // The runtime and its connections live in `remote` and go with it.
         let remote = Remote::new(&r, opts)?;
         let result = self.import_from(&remote, r.store_name(), progress);
         progress.finish();
         result
+    }
+
+    /// The image HOST[:PORT]/NAME[:TAG]@sha256:HEX names, when it and
+    /// every blob it lists are in the store (its tag, if given, recorded
+    /// as its name), with no request: what a pull of it would return. None
+    /// for a reference by tag alone, which only the registry can resolve,
+    /// or an image not wholly stored.
+    pub fn find_by_registry_digest(&self, reference: &str) -> Result<Option<Image>, Error> {
+        let r = RegistryRef::parse(reference)?;
+        match &r.digest {
+            Some(digest) => self.stored_whole(&r, digest),
+            None => Ok(None),
+        }
     }
 
     /// The image a digest names, if it and every blob it lists are in the

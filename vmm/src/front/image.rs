@@ -106,7 +106,7 @@ pub fn prepare(reference: &str, insecure: &[String]) -> Result<Prepared, Failure
             Ok(image) => image,
             // A digest reference (HOST/NAME@sha256:..) is not a store name:
             // `pull` finds it in the store itself, with no request.
-            Err(_) if names_a_registry(reference) => pull(reference, insecure)?,
+            Err(_) if names_a_registry(reference) => pull(&store, reference, insecure)?,
             Err(e) => return Err(setup_failure(e)),
         }
     };
@@ -248,7 +248,7 @@ pub fn command(cmd: &ImageCommand) -> Result<i32, Failure> {
             reference,
             insecure_registry,
         } => {
-            let image = pull(reference, insecure_registry)?;
+            let image = pull(&store()?, reference, insecure_registry)?;
             print_imported(&image);
         }
     }

@@ -9,12 +9,21 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use mvm_image::pull_helper::{self, Answer};
-use mvm_image::Image;
+use mvm_image::{Image, Store};
 
 use super::{beside_binary, setup_failure, Failure};
 
-/// REF pulled into the store, as mvm-pull reports it.
-pub(super) fn pull(reference: &str, insecure: &[String]) -> Result<Image, Failure> {
+/// REF pulled into the store, as mvm-pull reports it. A digest reference
+/// whose image is whole in the store needs no client: it is found here,
+/// as `Store::pull` would find it (so a stored image runs offline even
+/// where mvm-pull is missing).
+pub(super) fn pull(store: &Store, reference: &str, insecure: &[String]) -> Result<Image, Failure> {
+    if let Some(image) = store
+        .find_by_registry_digest(reference)
+        .map_err(setup_failure)?
+    {
+        return Ok(image);
+    }
     let binary = helper()?;
     let parent = std::process::id() as libc::pid_t;
     let mut command = Command::new(&binary);
@@ -25,11 +34,15 @@ pub(super) fn pull(reference: &str, insecure: &[String]) -> Result<Image, Failur
         .arg("--")
         .arg(reference)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped());
+        .stdout(Stdio::piped())
+        // Its progress line, where mvm's would be (`output` would
+        // capture it otherwise).
+        .stderr(Stdio::inherit());
     // SAFETY: the closure runs in the forked child and makes only the
-    // async-signal-safe calls of `die_with` (prctl, getppid).
+    // async-signal-safe calls of `die_with` (prctl, getppid; no
+    // allocation).
     unsafe {
-        command.pre_exec(move || crate::helper_process::die_with(parent, pull_helper::BINARY));
+        command.pre_exec(move || crate::helper_process::die_with(parent));
     }
     let output = command.output().map_err(|e| {
         setup_failure(format!(
