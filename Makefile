@@ -125,12 +125,12 @@ $(TH_INITRAMFS): tests/testhost/build-initramfs.sh tests/testhost/init.sh build/
 demo: all
 	tests/testhost/mvm run -- uname -a
 
+# The second clippy is mvm alone, so that mvm-image comes without its
+# registry client (in the workspace build mvm-pull turns it on for both):
+# mvm must not call it (docs/images.md, "Who pulls").
 lint: build/.deps
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	# mvm alone, so that mvm-image comes without its registry client (in
-	# the workspace build mvm-pull turns it on for both): mvm must not
-	# call it (docs/images.md, "Who pulls").
 	cargo clippy -p mvm --locked -- -D warnings
 	cd fuzz && cargo fmt -- --check
 	cd fuzz && CARGO_TARGET_DIR=../target/fuzz-lint cargo clippy --locked --all-targets -- -D warnings
