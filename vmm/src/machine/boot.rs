@@ -18,9 +18,10 @@ use crate::arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START};
 use crate::arch::x86_64::{boot_params, cpuid, mptable};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
+use crate::timeline::Timeline;
 
 pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error> {
-    let (mut machine, kvm) = create(config, console, None, None)?;
+    let (mut machine, kvm) = create(config, console, None, None, Timeline::default())?;
     let mem = &machine.mem;
 
     let kernel = kernel::load_kernel(mem, &config.kernel)?;

@@ -21,14 +21,17 @@ use crate::timeline::Timeline;
 
 /// A machine with all its devices (rebuilt from `saved` when given) and
 /// its vCPUs created but neither configured nor started. Guest RAM is
-/// `restored` (a snapshot's) or new.
+/// `restored` (a snapshot's) or new. `timeline` holds what came before
+/// (a restore's memory copy), so that its moments precede this
+/// function's also where the clock cannot tell them apart (a coarse one
+/// sorts ties in the order taken).
 pub fn create(
     config: &VmConfig,
     console: ConsoleOutput,
     saved: Option<&DeviceStates>,
     restored: Option<GuestMemoryMmap>,
+    mut timeline: Timeline,
 ) -> Result<(Machine, kvm_ioctls::Kvm), Error> {
-    let mut timeline = Timeline::default();
     vcpu::install_kick_handler()?;
     let kvm = kvm::open_kvm()?;
     timeline.mark("kvm opened");

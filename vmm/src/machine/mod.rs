@@ -149,7 +149,8 @@ pub fn with_saved_devices(
     console: crate::console::ConsoleOutput,
     saved: &DeviceStates,
 ) -> Result<Machine, Error> {
-    create::create(config, console, Some(saved), None).map(|(machine, _)| machine)
+    create::create(config, console, Some(saved), None, Default::default())
+        .map(|(machine, _)| machine)
 }
 
 impl Machine {

@@ -11,6 +11,7 @@ use super::snapshot::{self, Loaded};
 use super::{memory, Error, Machine};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
+use crate::timeline::Timeline;
 
 /// `config` must describe the saved machine (memory size, vCPU count,
 /// devices: a vsock device of the same CID); only host resources (the
@@ -51,9 +52,9 @@ pub fn restore_loaded(
         let (mem, copied) = memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?;
         (mem, "guest memory copied from the template", copied)
     };
-    let memory_done = std::time::Instant::now();
-    let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem))?;
-    machine.timeline.mark_at(memory_phase, memory_done);
+    let mut timeline = Timeline::default();
+    timeline.mark(memory_phase);
+    let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem), timeline)?;
     state.vm.restore(&machine.vm)?;
     machine.timeline.mark("vm state restored");
     for (vcpu, saved) in machine.vcpus.iter().zip(&state.vcpus) {
