@@ -5,7 +5,7 @@
 //! async runtime) is the larger part of this crate's code. In a binary of
 //! its own it is not mapped into every `mvm run` (each runs a VMM that a
 //! hostile guest attacks, and whose memory counts against each VM), only
-//! into the process that pulls (docs/images.md, "Pulling").
+//! into the process that pulls (docs/images.md, "Who pulls").
 //!
 //! mvm runs `mvm-pull [--insecure-registry HOST[:PORT]]... -- REF` with
 //! its own environment (the store's root, `MVM_INSECURE_REGISTRIES`,

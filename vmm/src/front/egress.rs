@@ -10,7 +10,7 @@ use clap::Args;
 use mvm_devices::virtio::vsock::GuestPort;
 use mvm_protocol::{EGRESS_PROXY_PORT, EGRESS_VSOCK_PORT};
 
-use super::{beside_binary, secrets, setup_failure, Failure};
+use super::{libexec_helper, secrets, setup_failure, Failure};
 use crate::egress::{self, Egress};
 use crate::session::SessionDir;
 
@@ -123,15 +123,7 @@ impl EgressArgs {
         let mut allow = self.allow.clone();
         allow.extend(secrets.iter().flat_map(|b| b.hosts.iter().cloned()));
         let ca_cert = dir.path().join("egress-ca.pem");
-        let binary = std::env::var_os("MVM_EGRESS")
-            .map(PathBuf::from)
-            .or_else(|| beside_binary("libexec/mvm/mvm-egress"))
-            .filter(|p| p.is_file())
-            .ok_or_else(|| {
-                setup_failure(
-                    "cannot find mvm-egress, the egress proxy: run 'make' or set MVM_EGRESS",
-                )
-            })?;
+        let binary = libexec_helper("MVM_EGRESS", "mvm-egress", "the egress proxy")?;
         let socket = dir.path().join("egress.sock");
         let log = self
             .net_log

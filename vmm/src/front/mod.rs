@@ -30,7 +30,9 @@ pub use vm_args::VmArgs;
 
 pub(crate) use failure::{outcome_failure, setup_failure, vmm_failure};
 pub(crate) use stats::{print_stats, SessionMoments};
-pub(crate) use vm_args::{beside_binary, confine_vmm, refuse_software_kvm, InitramfsNeeds};
+pub(crate) use vm_args::{
+    beside_binary, confine_vmm, libexec_helper, refuse_software_kvm, InitramfsNeeds,
+};
 
 /// Kernel parameters every mvm guest gets (devices add their own): a
 /// panic or oops resets the VM at once instead of hanging it.

@@ -5,13 +5,12 @@
 //! line is on mvm's stderr, a Ctrl-C ends both, and it dies with mvm.
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use mvm_image::pull_helper::{self, Answer};
 use mvm_image::{Image, Store};
 
-use super::{beside_binary, setup_failure, Failure};
+use super::{libexec_helper, setup_failure, Failure};
 
 /// REF pulled into the store, as mvm-pull reports it. A digest reference
 /// whose image is whole in the store needs no client: it is found here,
@@ -24,7 +23,7 @@ pub(super) fn pull(store: &Store, reference: &str, insecure: &[String]) -> Resul
     {
         return Ok(image);
     }
-    let binary = helper()?;
+    let binary = libexec_helper("MVM_PULL", pull_helper::BINARY, "the registry client")?;
     let parent = std::process::id() as libc::pid_t;
     let mut command = Command::new(&binary);
     for host in insecure {
@@ -61,15 +60,4 @@ pub(super) fn pull(store: &Store, reference: &str, insecure: &[String]) -> Resul
             output.status
         ))),
     }
-}
-
-/// `$MVM_PULL`, else mvm-pull where `make` installs it beside mvm.
-fn helper() -> Result<PathBuf, Failure> {
-    std::env::var_os("MVM_PULL")
-        .map(PathBuf::from)
-        .or_else(|| beside_binary("libexec/mvm/mvm-pull"))
-        .filter(|p| p.is_file())
-        .ok_or_else(|| {
-            setup_failure("cannot find mvm-pull, the registry client: run 'make' or set MVM_PULL")
-        })
 }

@@ -188,6 +188,21 @@ fn default_artifact(env: &str, name: &str) -> Option<PathBuf> {
     beside_binary(Path::new("share/mvm").join(name))
 }
 
+/// A helper program mvm runs: `$ENV`, else `libexec/mvm/NAME` where `make`
+/// installs it beside mvm; `what` says what it is, for the one line when
+/// neither is there.
+pub(crate) fn libexec_helper(env: &str, name: &str, what: &str) -> Result<PathBuf, Failure> {
+    std::env::var_os(env)
+        .map(PathBuf::from)
+        .or_else(|| beside_binary(Path::new("libexec/mvm").join(name)))
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            setup_failure(format!(
+                "cannot find {name}, {what}: run 'make' or set {env}"
+            ))
+        })
+}
+
 /// `<dir of the mvm binary>/../<relative>`.
 pub(crate) fn beside_binary(relative: impl AsRef<Path>) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
