@@ -1,7 +1,8 @@
 //! Templates in `mvm run` end to end (docs/snapshots.md): the first run of
 //! a machine copies it when guest-init is ready and writes it while its
 //! command runs (which does not wait for the writes), later runs restore it,
-//! with the default image and the workspace mounted after the restore.
+//! with the default image and the workspace mounted after the restore,
+//! and find guest-init listening (their first connection is taken).
 //! Two restored runs are not twins; a damaged or truncated template is
 //! dropped with a warning and the run boots cold (so is one whose memory
 //! file was changed in place after it was verified); two runs that both
@@ -29,8 +30,10 @@ for i in 1 2; do
   $MVM run --print-stats -- sh -c "$PROBE" >/run/tmp/r$i.out 2>/run/tmp/r$i.err
   echo "run $i: status $?"
   sed "s/^/r$i: /" /run/tmp/r$i.out
-  grep -h 'boot to init\|warning\|phase: .*\(guest\|template\|kvm opened\)' /run/tmp/r$i.err | sed "s/^/r$i err: /"
+  grep -h 'boot to init\|warning\|agent connection\|phase: .*\(guest\|template\|kvm opened\)' /run/tmp/r$i.err | sed "s/^/r$i err: /"
 done
+$MVM run --no-snapshot --print-stats -- true 2>/run/tmp/cold.err; echo "cold: status $? $(grep 'agent connection' /run/tmp/cold.err)"
+
 echo "host-clock: $(date +%s)"
 printf x | dd of="$T/$key/state.json" bs=1 seek=100 conv=notrunc 2>/dev/null
 $MVM run -- true 2>/run/tmp/d.err; echo "damaged state: status $? $(grep -c 'unusable' /run/tmp/d.err) warning(s); again: $(keys | wc -l)"
@@ -129,6 +132,22 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
             "run {i} was not restored: {text}"
         );
     }
+    // The template holds guest-init listening (it listens before its
+    // ready marker), so a restored run's first connection is taken. The
+    // control: a cold run's first tries come before the agent listens
+    // and are refused, and the count shows them.
+    for i in 1..=2 {
+        assert!(
+            text.contains(&format!("r{i} err: mvm: agent connection: 1 try")),
+            "run {i}'s connection: {text}"
+        );
+    }
+    let cold_tries: u32 = line("cold: status 0 mvm: agent connection: ")
+        .first()
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the cold run's connection: {text}"));
+    assert!(cold_tries > 1, "the cold run's connection: {text}");
     // Where a restored run's time goes: the memory copied (a workspace
     // is shared) before the VM is made (also where the test host's clock
     // is too coarse to tell them apart) and its pages mapped into the VM

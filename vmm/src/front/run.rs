@@ -367,6 +367,7 @@ fn run_in_vm(
         front.mark_at("agent connected, command sent", at);
     }
     let guest_init_clock = session.guest_init_clock();
+    let connect_tries = session.connect_tries();
     let result = session.finish();
     drop(raw_mode);
     print_stats(
@@ -378,6 +379,7 @@ fn run_in_vm(
         SessionMoments {
             exit_received: result.as_ref().ok().map(|(_, at)| *at),
             guest_init_clock,
+            connect_tries,
             guest_phases: command_sent.zip(
                 result
                     .as_ref()

@@ -15,6 +15,8 @@ pub(crate) struct SessionMoments<'a> {
     pub exit_received: Option<Instant>,
     /// The guest kernel's clock at guest-init's boot marker (the hello).
     pub guest_init_clock: Option<Duration>,
+    /// How many attempts the connection to the agent took.
+    pub connect_tries: Option<u32>,
     /// When the command was sent, and the agent's moments after its
     /// arrival (its `Exit`).
     pub guest_phases: Option<(Instant, &'a [GuestPhase])>,
@@ -33,6 +35,7 @@ pub(crate) fn print_stats(
     let SessionMoments {
         exit_received: teardown_from,
         guest_init_clock,
+        connect_tries,
         guest_phases,
     } = session;
     if !wanted {
@@ -103,6 +106,14 @@ pub(crate) fn print_stats(
         eprintln!(
             "mvm: guest kernel to init: {:.1} ms (the guest's own clock)",
             d.as_secs_f64() * 1e3
+        );
+    }
+    if let Some(n) = connect_tries {
+        // 1 where the agent listened already (a restored guest, whose
+        // template holds it listening); a boot has it refused until then.
+        eprintln!(
+            "mvm: agent connection: {n} {}",
+            if n == 1 { "try" } else { "tries" }
         );
     }
     print_process_stats(started);

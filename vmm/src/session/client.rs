@@ -120,6 +120,7 @@ pub fn connect(uds: &Path, port: u32, vm_gone: &dyn Fn() -> bool) -> Result<Unix
         vm_gone,
         CONNECT_REPLY_TIMEOUT,
     )
+    .map(|(stream, _)| stream)
 }
 
 /// [`connect`] for the VMM's own exec client: each attempt is a socket
@@ -130,6 +131,16 @@ pub fn connect_dialing(
     port: u32,
     vm_gone: &dyn Fn() -> bool,
 ) -> Result<UnixStream, Error> {
+    connect_dialing_counted(dialer, port, vm_gone).map(|(stream, _)| stream)
+}
+
+/// [`connect_dialing`], also saying how many attempts it took (1: the
+/// agent was listening at the first).
+pub fn connect_dialing_counted(
+    dialer: &Dialer,
+    port: u32,
+    vm_gone: &dyn Fn() -> bool,
+) -> Result<(UnixStream, u32), Error> {
     connect_waiting(
         &|| dialer.dial(),
         "the vsock device",
@@ -142,20 +153,23 @@ pub fn connect_dialing(
 /// A fresh stream to the device, one per attempt.
 type Dial<'a> = &'a dyn Fn() -> io::Result<UnixStream>;
 
-/// The retry loop, with each attempt's wait for the device's answer given.
+/// The retry loop, with each attempt's wait for the device's answer
+/// given; returns the stream and the number of attempts.
 fn connect_waiting(
     dial: Dial,
     shown: &str,
     port: u32,
     vm_gone: &dyn Fn() -> bool,
     reply_timeout: Duration,
-) -> Result<UnixStream, Error> {
+) -> Result<(UnixStream, u32), Error> {
+    let mut tries = 0u32;
     loop {
         if vm_gone() {
             return Err(Error::VmGone);
         }
+        tries = tries.saturating_add(1);
         match try_connect(dial, port, reply_timeout) {
-            Ok(Some(stream)) => return Ok(stream),
+            Ok(Some(stream)) => return Ok((stream, tries)),
             // Refused by the guest (no listener yet: the device closes or
             // resets our socket) or the socket not yet bound: the agent
             // comes up a moment later.
@@ -405,7 +419,8 @@ mod tests {
             &|| false,
             Duration::from_millis(200),
         );
-        assert!(stream.is_ok(), "{:?}", stream.err());
+        let (_, tries) = stream.expect("the second attempt is answered");
+        assert_eq!(tries, 2, "the unanswered attempt and the answered one");
         device.join().unwrap();
         std::fs::remove_file(&path).unwrap();
     }

@@ -50,6 +50,8 @@ struct Started {
     /// The guest kernel's clock at guest-init's boot marker, from the
     /// agent's hello.
     guest_init_clock: Option<Duration>,
+    /// How many attempts the connection took (1: the agent listened).
+    connect_tries: u32,
 }
 
 /// Starts the exec client: it waits for the guest agent, sends `request`
@@ -116,7 +118,8 @@ fn exec(
     slot: &Mutex<Option<UnixStream>>,
     started: &Mutex<Option<Started>>,
 ) -> Result<Ended, client::Error> {
-    let stream = client::connect_dialing(dialer, AGENT_PORT, &|| vm.is_stopped())?;
+    let (stream, connect_tries) =
+        client::connect_dialing_counted(dialer, AGENT_PORT, &|| vm.is_stopped())?;
     // The clock as it is now that the guest listens: a restored guest's
     // stands where its template's stood.
     if let Some(setup) = request.setup.as_mut() {
@@ -133,6 +136,7 @@ fn exec(
         *at = Some(Started {
             at: Instant::now(),
             guest_init_clock: hello.init_started_ns.map(Duration::from_nanos),
+            connect_tries,
         });
     }
     if let Ok(mut t) = target.lock() {
@@ -186,6 +190,15 @@ impl Session {
             .ok()
             .and_then(|s| *s)
             .and_then(|s| s.guest_init_clock)
+    }
+
+    /// How many attempts the connection to the agent took, if it was made.
+    pub fn connect_tries(&self) -> Option<u32> {
+        self.started
+            .lock()
+            .ok()
+            .and_then(|s| *s)
+            .map(|s| s.connect_tries)
     }
 
     /// Called once the VM has stopped: the command's exit, or why there is
