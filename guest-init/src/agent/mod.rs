@@ -49,17 +49,10 @@ pub enum AgentError {
     Accept(#[source] io::Error),
 }
 
-/// The agent's listening socket. init makes it before it says it is
-/// ready, so that a guest restored from a template (taken at that point,
-/// docs/snapshots.md) is listening already and the host's first
-/// connection is taken, not refused while the socket is being made.
-pub fn listen() -> Result<OwnedFd, AgentError> {
-    vsock::listen(AGENT_PORT).map_err(AgentError::Listen)
-}
-
-/// Serves the first connection on `listener` ([`listen`]), and with
-/// `keep_serving` every later one; returns the status for the status port.
-pub fn run(listener: OwnedFd) -> Result<u32, AgentError> {
+/// Serves the first connection, and with `keep_serving` every later one;
+/// returns the status for the status port.
+pub fn run() -> Result<u32, AgentError> {
+    let listener = vsock::listen(AGENT_PORT).map_err(AgentError::Listen)?;
     let conn = vsock::accept(listener.as_fd()).map_err(AgentError::Accept)?;
     let (conn, asked) = match greet(conn) {
         Ok(greeted) => greeted,

@@ -109,8 +109,8 @@ pub(crate) fn print_stats(
         );
     }
     if let Some(n) = connect_tries {
-        // 1 where the agent listened already (a restored guest, whose
-        // template holds it listening); a boot has it refused until then.
+        // Refused tries are the agent not listening yet (a boot, and a
+        // restored guest before it makes its socket: docs/snapshots.md).
         eprintln!(
             "mvm: agent connection: {n} {}",
             if n == 1 { "try" } else { "tries" }
