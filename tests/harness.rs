@@ -23,6 +23,32 @@ pub fn build_dir() -> PathBuf {
     repo_root().join("build")
 }
 
+/// Builds a test peer of `tests/e2e/peers/` (one Rust file, std only) into
+/// `target/e2e-peers/`, statically linked (the test host has no libc of
+/// its own); returns the binary's path.
+pub fn build_peer(source: &str) -> PathBuf {
+    let dir = repo_root().join("target/e2e-peers");
+    fs::create_dir_all(&dir).unwrap();
+    let name = source.trim_end_matches(".rs");
+    let out = dir.join(name);
+    let status = Command::new("rustc")
+        .args([
+            "--edition",
+            "2021",
+            "-O",
+            "--target",
+            "x86_64-unknown-linux-gnu",
+        ])
+        .args(["-C", "target-feature=+crt-static", "--crate-name", name])
+        .arg(repo_root().join("tests/e2e/peers").join(source))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("run rustc");
+    assert!(status.success(), "cannot build tests/e2e/peers/{source}");
+    out
+}
+
 /// The variable that lets a test that cannot run here pass as skipped
 /// instead of failing (docs/testing.md): `MVM_ALLOW_SKIPS=1`.
 pub const ALLOW_SKIPS: &str = "MVM_ALLOW_SKIPS";

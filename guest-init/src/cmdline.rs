@@ -16,7 +16,7 @@ use std::ffi::{CStr, CString};
 use mvm_protocol::boot::MountParam;
 pub use mvm_protocol::boot::{
     decode_hex, HexError, MountProblem, RootLower, RootParam, RootProblem, AGENT_PARAM, CMD_PARAM,
-    MAX_TAG_LEN, MOUNT_PARAM, ROOT_PARAM, WORKDIR_PARAM,
+    MAX_READY_DELAY_MS, MAX_TAG_LEN, MOUNT_PARAM, READY_DELAY_PARAM, ROOT_PARAM, WORKDIR_PARAM,
 };
 
 /// Run when the VMM passes no command: an interactive shell on the console.
@@ -96,6 +96,15 @@ pub fn parse(cmdline: &str) -> Result<Launch, ParseError> {
 /// value means no, so that `mvm.agent=0` on a user's `--cmdline` turns it off.
 pub fn agent_requested(cmdline: &str) -> bool {
     param(cmdline, AGENT_PARAM).as_deref() == Some("1")
+}
+
+/// How long to wait before the ready marker (`mvm.ready_delay_ms`, a
+/// testing aid); a value that is not a number is no wait.
+pub fn ready_delay(cmdline: &str) -> std::time::Duration {
+    let ms = param(cmdline, READY_DELAY_PARAM)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    std::time::Duration::from_millis(ms.min(MAX_READY_DELAY_MS))
 }
 
 /// The shares to mount, in command-line order (a later one may lie inside
@@ -294,6 +303,22 @@ mod tests {
         assert!(!agent_requested("mvm.agent"));
         assert!(!agent_requested("mvm.agent=1 mvm.agent=0"), "last one wins");
         assert!(!agent_requested("xmvm.agent=1"));
+    }
+
+    #[test]
+    fn ready_delay_param() {
+        use std::time::Duration;
+        assert_eq!(ready_delay("quiet"), Duration::ZERO);
+        assert_eq!(
+            ready_delay("mvm.ready_delay_ms=2500 quiet"),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(ready_delay("mvm.ready_delay_ms=soon"), Duration::ZERO);
+        assert_eq!(
+            ready_delay("mvm.ready_delay_ms=99999999"),
+            Duration::from_secs(10),
+            "capped"
+        );
     }
 
     #[test]

@@ -64,14 +64,20 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     }
     // Before readiness, the agent and the command, which may use them.
     shares::mount_all(&cmdline::shares(&line)?)?;
+    // The VMM gave us a vsock device: the command comes over it. Listening
+    // before the ready marker: a template is taken at the marker.
+    let agent = match cmdline::agent_requested(&line) {
+        true => Some(agent::listen()?),
+        false => None,
+    };
+    std::thread::sleep(cmdline::ready_delay(&line));
     say!("ready (kernel {})", kernel_release());
     if let Some(ports) = ports.as_ref() {
         ports.ready_marker();
     }
 
-    if cmdline::agent_requested(&line) {
-        // The VMM gave us a vsock device: the command comes over it.
-        return Ok(agent::run()?);
+    if let Some(listener) = agent {
+        return Ok(agent::run(listener)?);
     }
     let launch = cmdline::parse(&line)?;
     chdir(&launch.workdir)?;

@@ -7,44 +7,20 @@
 //! container's output can only come from that root in the VM.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
-use mvm_e2e::{build_dir, mvm_with, repo_root, Options, Run};
+use mvm_e2e::{build_dir, build_peer, mvm_with, repo_root, Options, Run};
 
 fn work_dir() -> PathBuf {
-    repo_root().join("target/e2e-oci")
+    let dir = repo_root().join("target/e2e-oci");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
-/// The shim stand-in, built once (std only, static: the test host has no
-/// libc of its own).
+/// The shim stand-in, built once.
 fn shim() -> &'static str {
     static BUILT: OnceLock<String> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        std::fs::create_dir_all(work_dir()).unwrap();
-        let out = work_dir().join("oci-shim");
-        let status = Command::new("rustc")
-            .args([
-                "--edition",
-                "2021",
-                "-O",
-                "--target",
-                "x86_64-unknown-linux-gnu",
-            ])
-            .args([
-                "-C",
-                "target-feature=+crt-static",
-                "--crate-name",
-                "oci_shim",
-            ])
-            .arg(repo_root().join("tests/e2e/peers/oci_shim.rs"))
-            .arg("-o")
-            .arg(&out)
-            .status()
-            .expect("run rustc");
-        assert!(status.success(), "cannot build the shim stand-in");
-        out.display().to_string()
-    })
+    BUILT.get_or_init(|| build_peer("oci_shim.rs").display().to_string())
 }
 
 /// A bundle's config.json with `args` as its process.

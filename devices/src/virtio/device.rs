@@ -178,6 +178,13 @@ pub trait VirtioDevice: Send {
     fn active_queues(&self) -> Option<Vec<QueueState>>;
     /// Refuses a snapshot taken of another device (kind, CID, tag).
     fn check_snapshot(&self, saved: &VirtioDeviceSnapshot) -> Result<(), RestoreError>;
+    /// The machine was restored from a snapshot and this device, running
+    /// in it, activated again with its saved queues: it tells the driver
+    /// what the restore changed behind its back (vsock: the host ends of
+    /// its connections are gone). Most devices have nothing to say.
+    fn restored(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

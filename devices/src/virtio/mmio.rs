@@ -247,7 +247,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
         t.status = saved.status;
         t.interrupt.restore_pending(saved.interrupt_status);
         if t.device_running() {
-            t.activate().map_err(|e| RestoreError::Activate {
+            let activated = t.activate().and_then(|()| t.device.restored());
+            activated.map_err(|e| RestoreError::Activate {
                 device: kind,
                 why: e.to_string(),
             })?;

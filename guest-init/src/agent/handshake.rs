@@ -3,7 +3,7 @@
 //! Generic over the stream, so it is unit-tested on the host with an
 //! in-memory one; the agent runs it on the blocking vsock connection.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 
 use mvm_protocol::{
     check_host_version, ExecRequest, FrameError, FrameReader, Hello, Kind, Message, VersionError,
@@ -17,6 +17,12 @@ pub enum HandshakeError {
     Write(#[source] FrameError),
     #[error("the host closed the connection before its {0:?} message")]
     Closed(Kind),
+    /// The connection ended or failed before the host's hello was whole:
+    /// nobody is at the other end to answer (a connection that was waiting in the
+    /// guest when a template was taken, reset after its restore:
+    /// docs/snapshots.md, "vsock after a restore").
+    #[error("the connection ended before the host's hello")]
+    NoHost(#[source] Option<io::Error>),
     #[error("expected a {expected:?} message from the host, got {got:?}")]
     Unexpected { expected: Kind, got: Kind },
     #[error(transparent)]
@@ -26,14 +32,24 @@ pub enum HandshakeError {
 impl HandshakeError {
     /// Whether the host can still be told about it with an `Error` message.
     pub fn tell_host(&self) -> bool {
-        !matches!(self, HandshakeError::Write(_) | HandshakeError::Closed(_))
+        !matches!(
+            self,
+            HandshakeError::Write(_) | HandshakeError::Closed(_) | HandshakeError::NoHost(_)
+        )
     }
 }
 
-/// Reads the host's `Hello`, always answers with ours (so the host learns
-/// our version even if it sent something else), then checks its version.
+/// Reads the host's `Hello`, answers with ours whatever came (so the host
+/// learns our version even if it sent something else), then checks its
+/// version. A connection that ends or fails before a whole first frame
+/// is answered with nothing ([`HandshakeError::NoHost`]).
 pub fn hello<S: Read + Write>(stream: &mut S) -> Result<(), HandshakeError> {
-    let first = FrameReader::new(&mut *stream).read_message();
+    let first = match FrameReader::new(&mut *stream).read_message() {
+        Ok(None) => return Err(HandshakeError::NoHost(None)),
+        Err(FrameError::Io(err)) => return Err(HandshakeError::NoHost(Some(err))),
+        Err(FrameError::Truncated { .. }) => return Err(HandshakeError::NoHost(None)),
+        first => first,
+    };
     let ours = Hello {
         init_started_ns: crate::vmm_port::init_started_ns(),
         ..Hello::current()
@@ -194,10 +210,40 @@ mod tests {
 
     #[test]
     fn closed_and_garbage() {
+        // Nothing at all: nobody to answer.
         let mut s = Duplex::new(&[]);
         let err = hello(&mut s).unwrap_err();
-        assert!(matches!(err, HandshakeError::Closed(Kind::Hello)));
+        assert!(matches!(err, HandshakeError::NoHost(None)), "{err:?}");
         assert!(!err.tell_host());
+        assert!(s.output.is_empty());
+
+        // A connection reset under us (Linux's answer to a transport
+        // reset): nobody to answer either.
+        struct Reset(Vec<u8>);
+        impl Read for Reset {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::from_raw_os_error(libc::ENOTCONN))
+            }
+        }
+        impl Write for Reset {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut reset = Reset(Vec::new());
+        let err = hello(&mut reset).unwrap_err();
+        assert!(matches!(err, HandshakeError::NoHost(Some(_))), "{err:?}");
+        assert!(reset.0.is_empty());
+
+        // Half a length prefix, then the end.
+        let mut s = Duplex::new(&[]);
+        s.input = Cursor::new(vec![5, 0]);
+        assert!(matches!(hello(&mut s), Err(HandshakeError::NoHost(None))));
+        assert!(s.output.is_empty());
 
         let mut s = Duplex::new(&[]);
         s.input = Cursor::new(vec![5, 0, 0, 0, 99, 1, 2, 3, 4]);

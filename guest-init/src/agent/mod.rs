@@ -49,14 +49,26 @@ pub enum AgentError {
     Accept(#[source] io::Error),
 }
 
-/// Serves the first connection, and with `keep_serving` every later one;
-/// returns the status for the status port.
-pub fn run() -> Result<u32, AgentError> {
-    let listener = vsock::listen(AGENT_PORT).map_err(AgentError::Listen)?;
-    let conn = vsock::accept(listener.as_fd()).map_err(AgentError::Accept)?;
-    let (conn, asked) = match greet(conn) {
-        Ok(greeted) => greeted,
-        Err(status) => return Ok(status),
+/// The agent's listening socket. init makes it before it says it is
+/// ready, so that a guest restored from a template (taken at that point,
+/// docs/snapshots.md) is listening already and the host's first
+/// connection is taken, not refused while the socket is being made.
+pub fn listen() -> Result<OwnedFd, AgentError> {
+    vsock::listen(AGENT_PORT).map_err(AgentError::Listen)
+}
+
+/// Serves the first connection on `listener` ([`listen`]), and with
+/// `keep_serving` every later one; returns the status for the status port.
+pub fn run(listener: OwnedFd) -> Result<u32, AgentError> {
+    let (conn, asked) = loop {
+        let conn = vsock::accept(listener.as_fd()).map_err(AgentError::Accept)?;
+        match greet(conn) {
+            Ok(greeted) => break greeted,
+            // A connection that was waiting when the template was taken,
+            // reset by the restore: the host's own is next.
+            Err(Greeting::NoHost) => continue,
+            Err(Greeting::Failed(status)) => return Ok(status),
+        }
     };
     match asked {
         Asked::Exec(request) if request.keep_serving => Ok(sandbox::serve(listener, conn, request)),
@@ -75,11 +87,24 @@ pub fn run() -> Result<u32, AgentError> {
     }
 }
 
+/// Why a connection brought no request.
+enum Greeting {
+    /// Nobody was there ([`handshake::HandshakeError::NoHost`]).
+    NoHost,
+    /// Told to the host when it is still there; the status for the
+    /// status port.
+    Failed(u32),
+}
+
 /// The hello and the request. Never fails: a problem is told to the host
-/// (when it is still there) and becomes the status returned as `Err`.
-fn greet(conn: OwnedFd) -> Result<(OwnedFd, Asked), u32> {
+/// (when it is still there) and becomes the status in `Err`.
+fn greet(conn: OwnedFd) -> Result<(OwnedFd, Asked), Greeting> {
     let mut stream = FdStream(conn);
     if let Err(err) = handshake::hello(&mut stream) {
+        if let handshake::HandshakeError::NoHost(_) = err {
+            say!("exec agent: {err}; waiting for the next connection");
+            return Err(Greeting::NoHost);
+        }
         say!("exec agent: {err}");
         if err.tell_host() {
             let message = Message::Error(ErrorReport {
@@ -88,14 +113,14 @@ fn greet(conn: OwnedFd) -> Result<(OwnedFd, Asked), u32> {
             let _ = message.encode(&mut stream);
         }
         finish::close(stream.0.as_fd());
-        return Err(INIT_FAILURE);
+        return Err(Greeting::Failed(INIT_FAILURE));
     }
     match handshake::read_exec(&mut stream) {
         Ok(asked) => {
             phases::begin();
             Ok((stream.0, asked))
         }
-        Err(err) => Err(fail(stream.0, err.to_string())),
+        Err(err) => Err(Greeting::Failed(fail(stream.0, err.to_string()))),
     }
 }
 

@@ -10,6 +10,7 @@ use virtio_queue::{Queue, QueueState, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{QUEUE_COUNT, QUEUE_SIZES};
+use super::transport_reset::TransportReset;
 use crate::state::{RestoreError, SaveError};
 use crate::virtio::device::{
     lock_shared, read_config_bytes, Activation, Error, Running, VirtioDevice,
@@ -25,6 +26,9 @@ pub(super) struct Shared {
     /// Counts resets, so the handler knows the guest forgot its connections
     /// even if a new activation came before the handler ran.
     pub resets: u64,
+    /// What a restored device owes its driver before any packet for the
+    /// guest (`transport_reset.rs`).
+    pub transport_reset: TransportReset,
 }
 
 pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
@@ -99,10 +103,8 @@ impl VirtioDevice for Vsock {
     }
 
     /// The CID is all that identifies the device. Host connections are
-    /// not state, and none is lost: `mvm run` saves a template before the
-    /// host ever connects (docs/snapshots.md, "vsock after a restore"), so
-    /// a restored guest has nothing to reset (no
-    /// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET is sent).
+    /// not state: a restored device has none, and tells the guest so
+    /// ([`VirtioDevice::restored`]).
     fn save(&self) -> Result<VirtioDeviceSnapshot, SaveError> {
         Ok(VirtioDeviceSnapshot::Vsock { cid: self.cid })
     }
@@ -128,10 +130,23 @@ impl VirtioDevice for Vsock {
         }
     }
 
+    /// The guest's connections may have outlived the snapshot in its
+    /// memory; their host ends did not. The handler sends
+    /// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET and holds every packet for the
+    /// guest until the driver has handled it (`transport_reset.rs`).
+    fn restored(&mut self) -> Result<(), Error> {
+        lock(&self.shared).transport_reset = TransportReset::Owed;
+        // If the wakeup cannot be written, one is already pending.
+        let _ = self.wake_handler();
+        Ok(())
+    }
+
     fn reset(&mut self) {
         let mut shared = lock(&self.shared);
         shared.active = None;
         shared.resets += 1;
+        // A driver that starts over has no connections to drop.
+        shared.transport_reset = TransportReset::None;
         drop(shared);
         // If the wakeup cannot be written, one is already pending.
         let _ = self.wake_handler();

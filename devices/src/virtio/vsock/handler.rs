@@ -135,9 +135,21 @@ impl VsockHandler {
             self.resets_seen = shared.resets;
             self.muxer.on_device_reset();
         }
-        if let Some(active) = shared.active.as_mut() {
+        let Shared {
+            active,
+            transport_reset,
+            ..
+        } = &mut *shared;
+        if let Some(active) = active.as_mut() {
             let (tx_used, tx_more) = serve_tx(active, &mut self.muxer, &mut self.scratch);
-            let (rx_used, rx_more) = serve_rx(active, &mut self.muxer);
+            *transport_reset = transport_reset.advance(active);
+            let (rx_used, rx_more) = match transport_reset.rx_allowed() {
+                true => serve_rx(active, &mut self.muxer),
+                // Host packets wait for the driver to drop its old
+                // connections; its refill of the event queue (a queue
+                // notification) brings the handler back.
+                false => (false, false),
+            };
             notify(active, TXQ, tx_used);
             notify(active, RXQ, rx_used);
             if tx_more || rx_more {
@@ -314,8 +326,8 @@ impl MutEventSubscriber for VsockHandler {
             self.take_dialed(ops);
         } else if let Some(evt) = self.queue_evts.iter().find(|e| e.as_raw_fd() == fd) {
             // Reading resets the counter; the queues are served below either
-            // way. The event queue (2) only holds buffers for transport-reset
-            // events, which mvm never sends.
+            // way. The event queue (2) only holds buffers for the transport
+            // reset a restored device sends (`transport_reset.rs`).
             let _ = evt.read();
         } else if fd == self.listener.as_raw_fd() {
             self.accept_clients(ops);

@@ -46,6 +46,7 @@ mod muxer;
 mod test_driver;
 #[cfg(test)]
 mod tests;
+mod transport_reset;
 mod unix_connect;
 
 use std::io;

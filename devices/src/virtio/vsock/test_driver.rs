@@ -23,7 +23,7 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::defs::{HOST_CID, QUEUE_COUNT, RXQ, TXQ, TYPE_STREAM};
+use super::defs::{EVQ, HOST_CID, QUEUE_COUNT, RXQ, TXQ, TYPE_STREAM};
 use super::{Vsock, VsockHandler};
 use crate::bus::BusDevice;
 use crate::virtio::{Interrupt, MmioTransport};
@@ -120,6 +120,12 @@ pub struct Packet {
     /// The length the device reported in the used ring.
     pub used_len: u32,
 }
+
+/// `struct virtio_vsock_event`'s size, and its one event's id.
+const EVENT_LEN: u32 = 4;
+pub const EVENT_TRANSPORT_RESET: Option<u32> = Some(0);
+/// Event buffers the driver keeps posted.
+const EVENT_BUFFERS: usize = 4;
 
 /// Descriptors per chain at most.
 const CHAIN: u16 = 4;
@@ -306,6 +312,11 @@ impl Guest {
 
     /// Reset, features, the three queues, DRIVER_OK.
     pub fn start_driver(&mut self) {
+        self.start_driver_with_event_buffers(&[EVENT_LEN; EVENT_BUFFERS]);
+    }
+
+    /// [`Self::start_driver`] with event buffers of these lengths.
+    pub fn start_driver_with_event_buffers(&mut self, lengths: &[u32]) {
         self.write_reg(reg::VIRTIO_MMIO_STATUS, 0);
         let mut status = VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER;
         self.write_reg(reg::VIRTIO_MMIO_STATUS, status);
@@ -333,6 +344,11 @@ impl Guest {
             self.write_reg(reg::VIRTIO_MMIO_QUEUE_READY, 1);
             self.rings.push(ring);
         }
+        // Linux fills the event queue at probe; the device writes a
+        // transport reset into one of these after a restore.
+        for &len in lengths {
+            self.rings[EVQ].push(&[(None, len, true)]);
+        }
         status |= VIRTIO_CONFIG_S_DRIVER_OK;
         self.write_reg(reg::VIRTIO_MMIO_STATUS, status);
         assert_eq!(self.read_reg(reg::VIRTIO_MMIO_STATUS), status);
@@ -342,7 +358,15 @@ impl Guest {
     /// Saves the device, then replaces it with a new device and handler
     /// (fresh eventfds, a new listening socket) restored from that state,
     /// as a restored VM would have; the driver side (rings, memory) stays.
+    /// The driver then handles the device's transport reset as Linux does
+    /// (each event taken, its buffer given back, the queue notified).
     pub fn save_and_restore(&mut self) {
+        self.save_and_restore_unhandled();
+        assert_eq!(self.handle_events(), [EVENT_TRANSPORT_RESET]);
+    }
+
+    /// [`Self::save_and_restore`] up to the events, which stay unhandled.
+    pub fn save_and_restore_unhandled(&mut self) {
         let saved = self.transport.save().unwrap();
         let Fresh {
             addr,
@@ -360,6 +384,44 @@ impl Guest {
         self.id = self.em.add_subscriber(handler);
         self.addr = addr;
         self.pump();
+    }
+
+    /// The events the device put in the event queue since the last call
+    /// (their ids, or None for one of the wrong length), as the driver
+    /// takes them: each buffer is given back and the queue notified.
+    pub fn handle_events(&mut self) -> Vec<Option<u32>> {
+        let used = self.rings[EVQ].take_used();
+        let events: Vec<Option<u32>> = used
+            .iter()
+            .map(|&(head, len)| {
+                let mut id = [0u8; 4];
+                let area = self.rings[EVQ].buf(head);
+                self.mem.read_slice(&mut id, GuestAddress(area)).unwrap();
+                (len == EVENT_LEN).then_some(u32::from_le_bytes(id))
+            })
+            .collect();
+        for _ in &used {
+            self.rings[EVQ].push(&[(None, EVENT_LEN, true)]);
+        }
+        if !used.is_empty() {
+            self.notify(EVQ);
+        }
+        events
+    }
+
+    /// Offers one more event buffer of `len` bytes.
+    pub fn give_event_buffer(&mut self, len: u32) {
+        self.rings[EVQ].push(&[(None, len, true)]);
+        self.notify(EVQ);
+    }
+
+    /// Marks the event buffers' memory, so that a test sees what the
+    /// device wrote there.
+    pub fn scribble_on_event_buffers(&self) {
+        for slot in 0..SLOTS {
+            let area = self.rings[EVQ].buf(slot * CHAIN);
+            self.poke(area, &[0xff; EVENT_LEN as usize]);
+        }
     }
 
     /// Runs the device's event handler until nothing more happens.

@@ -12,7 +12,7 @@ use virtio_bindings::virtio_mmio as reg;
 use vm_memory::Bytes;
 
 use super::defs::*;
-use super::test_driver::{read_line, Desc, Guest, Hdr, GUEST_CID, HDR_LEN};
+use super::test_driver::{read_line, Desc, Guest, Hdr, EVENT_TRANSPORT_RESET, GUEST_CID, HDR_LEN};
 use crate::virtio::VirtioDevice;
 
 const GUEST_PORT: u32 = 1024;
@@ -823,4 +823,91 @@ fn a_client_of_another_user_is_closed_unheard() {
     assert!(g.recv().is_empty(), "its CONNECT reached the guest");
     // The positive control: this user's client is heard.
     let (_c, _port) = connect_with(&mut g, 4096);
+}
+
+/// A restored device tells the driver its connections are gone
+/// (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET, once), and no host packet reaches
+/// the guest before the driver has handled it: a host connection taken
+/// first would be reset with the old ones.
+#[test]
+fn a_restored_device_resets_the_transport_before_any_host_packet() {
+    let mut g = Guest::new();
+    // A booted device owes nothing: the control for the event below.
+    assert_eq!(g.handle_events(), []);
+    g.scribble_on_event_buffers();
+
+    g.save_and_restore_unhandled();
+    let mut c = g.client();
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    g.pump();
+    g.give_rx(1, 4096);
+    let early: Vec<Hdr> = g.recv().into_iter().map(|p| p.hdr).collect();
+    assert_eq!(early, [], "a host packet before the reset was handled");
+    // The event is on the queue with its interrupt; handling it (the
+    // buffer given back) lets the waiting request through.
+    assert_ne!(g.interrupt.status(), 0);
+    assert_eq!(g.handle_events(), [EVENT_TRANSPORT_RESET]);
+    let req = g
+        .recv()
+        .pop()
+        .expect("the REQUEST, once the reset was handled");
+    assert_eq!((req.hdr.op, req.hdr.dst_port), (OP_REQUEST, 1024));
+    g.send(
+        Hdr::from_guest(GUEST_PORT, req.hdr.src_port, OP_RESPONSE),
+        &[],
+    );
+    assert_eq!(read_line(&mut c), format!("OK {}\n", req.hdr.src_port));
+    // Once only.
+    g.pump();
+    assert_eq!(g.handle_events(), []);
+}
+
+/// A driver that starts the device over after a restore has dropped its
+/// connections itself: nothing is owed, and nothing waits for it.
+#[test]
+fn a_driver_reset_after_a_restore_owes_no_transport_reset() {
+    let mut g = Guest::new();
+    g.save_and_restore_unhandled();
+    g.start_driver();
+    let (mut c, port) = connect_with(&mut g, 65536);
+    g.send(Hdr::from_guest(GUEST_PORT, port, OP_RW), b"fresh");
+    g.pump();
+    assert_eq!(drain(&mut c), b"fresh");
+}
+
+/// The reset waits for a buffer that can hold it: a driver that offered
+/// none yet gets it in the first it offers, and one too short goes back
+/// empty first. Host packets wait until every buffer given back is back.
+#[test]
+fn the_transport_reset_waits_for_a_buffer_that_holds_it() {
+    let held = |g: &mut Guest| -> Vec<Hdr> { g.recv().into_iter().map(|p| p.hdr).collect() };
+
+    let mut g = Guest::new_unstarted();
+    g.start_driver_with_event_buffers(&[]);
+    g.save_and_restore_unhandled();
+    let mut c = g.client();
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    g.pump();
+    g.give_rx(1, 4096);
+    assert_eq!(g.handle_events(), []);
+    assert_eq!(held(&mut g), [], "a host packet before any reset");
+    g.give_event_buffer(4);
+    assert_eq!(
+        held(&mut g),
+        [],
+        "a host packet before the reset was handled"
+    );
+    assert_eq!(g.handle_events(), [EVENT_TRANSPORT_RESET]);
+    assert_eq!(held(&mut g).len(), 1, "the REQUEST after the reset");
+
+    let mut g = Guest::new_unstarted();
+    g.start_driver_with_event_buffers(&[2, 4]);
+    g.save_and_restore_unhandled();
+    let mut c = g.client();
+    c.write_all(b"CONNECT 1024\n").unwrap();
+    g.pump();
+    g.give_rx(1, 4096);
+    assert_eq!(held(&mut g), []);
+    assert_eq!(g.handle_events(), [None, EVENT_TRANSPORT_RESET]);
+    assert_eq!(held(&mut g).len(), 1, "the REQUEST after the reset");
 }
