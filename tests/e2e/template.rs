@@ -3,7 +3,8 @@
 //! command runs (which does not wait for the writes), later runs restore it,
 //! with the default image and the workspace mounted after the restore,
 //! and find guest-init listening (their first connection is taken). A
-//! host connection left waiting in a template is reset by the restore.
+//! host connection left waiting in a template is reset by the restore,
+//! and a command that joins a machine before its own run is refused.
 //! Two restored runs are not twins; a damaged or truncated template is
 //! dropped with a warning and the run boots cold (so is one whose memory
 //! file was changed in place after it was verified); two runs that both
@@ -11,7 +12,8 @@
 //! and `rm` see and remove it. All in one test host (its tmpfs holds the
 //! templates).
 
-use mvm_e2e::{build_peer, mvm_with, Options};
+use mvm_e2e::{build_peer, mvm_with, repo_root, Options};
+use mvm_protocol::{ExecRequest, Hello, Message};
 
 /// What a restored run prints: boot id, 16 random bytes, the guest's
 /// clock, a line of the workspace, the image's Debian version, and the
@@ -55,10 +57,15 @@ $MVM snapshot rm --all >/dev/null; echo "rm: status $? left $(keys | wc -l)"
 H=/run/tmp/hold; mkdir -p -m 700 "$H" "$H/xdg"
 D="--cmdline mvm.ready_delay_ms=3000"
 XDG_RUNTIME_DIR=$H/xdg MVM_TEMPLATES=$H/t $MVM run $D --console -- true 2>$H/first.err & p=$!
-$HOLD $H/xdg/mvm 1024 $H/t 60 >$H/hold.out 2>&1; echo "hold: status $? $(tr '\n' ' ' <$H/hold.out)"
+$PEER $H/xdg/mvm 1024 60 hold $H/t >$H/hold.out 2>&1; echo "hold: status $? $(tr '\n' ' ' <$H/hold.out)"
 wait $p; echo "held first run: status $? $(grep -c 'ended before the host.s hello' $H/first.err)"
 MVM_TEMPLATES=$H/t $MVM run $D --console --timeout 60 --print-stats -- echo after-hold >$H/r.out 2>$H/r.err
 echo "held restore: status $? $(cat $H/r.out) restored $(grep -c 'boot to init: none' $H/r.err) stale $(grep -c 'ended before the host.s hello' $H/r.err)"
+
+E=/run/tmp/early; mkdir -p -m 700 "$E" "$E/xdg"
+XDG_RUNTIME_DIR=$E/xdg MVM_TEMPLATES=$E/t $MVM run $D -- echo own-command >$E/out 2>$E/err & p=$!
+$PEER $E/xdg/mvm 1024 60 send $FRAMES >$E/peer.out 2>&1; echo "early peer: status $? $(tr '\n' ' ' <$E/peer.out)"
+wait $p; echo "early run: status $? $(cat $E/out)"
 "#;
 
 #[test]
@@ -66,7 +73,8 @@ echo "held restore: status $? $(cat $H/r.out) restored $(grep -c 'boot to init: 
 fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
     let after = AFTER
         .replacen("$PROBE", &format!("'{}'", PROBE.replace('\'', "'\\''")), 1)
-        .replace("$HOLD", &build_peer("vsock_hold.rs").display().to_string());
+        .replace("$PEER", &build_peer("vsock_peer.rs").display().to_string())
+        .replace("$FRAMES", &early_exec_frames());
     let run = mvm_with(
         &Options {
             after: Some(&after),
@@ -247,4 +255,30 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         text.contains("held restore: status 0 after-hold restored 1 stale 1"),
         "{text}"
     );
+    // A command that joins the machine (a hello and an `Exec` without
+    // the machine's setup, as `mvm oci exec` sends) and reaches the agent
+    // before the run's own request (a first run's session connects only
+    // once the template is copied, after the delay the peer connects in)
+    // is refused, and the run's own command runs. Without the refusal it
+    // was the machine's one command.
+    let peer = line("early peer: status 0 held: OK ");
+    assert!(
+        peer.first().is_some_and(
+            |l| l.contains("this machine is not set up yet") && !l.contains("joined early")
+        ),
+        "{text}"
+    );
+    assert!(text.contains("early run: status 0 own-command"), "{text}");
+}
+
+/// The frames of a command that joins a machine: the hello and an `Exec`
+/// without setup, written where the test host reads them.
+fn early_exec_frames() -> String {
+    let request = ExecRequest::new(vec!["echo".into(), "joined early".into()]);
+    let mut frames = Message::Hello(Hello::current()).to_frame().unwrap();
+    frames.extend(Message::Exec(request).to_frame().unwrap());
+    let path = repo_root().join("target/e2e-peers/early-exec.frames");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, frames).unwrap();
+    path.display().to_string()
 }

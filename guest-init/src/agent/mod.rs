@@ -63,6 +63,13 @@ pub fn run(listener: OwnedFd) -> Result<u32, AgentError> {
     let (conn, asked) = loop {
         let conn = vsock::accept(listener.as_fd()).map_err(AgentError::Accept)?;
         match greet(conn) {
+            // The machine's own request carries its setup and comes first:
+            // a command that joins the machine (`mvm oci exec` on a
+            // `--serve-exec` run) and reached the agent before it would
+            // otherwise become the machine's one command.
+            Ok((conn, Asked::Exec(request))) if request.setup.is_none() => {
+                fail(conn, NOT_SET_UP.into());
+            }
             Ok(greeted) => break greeted,
             // A connection that was waiting when the template was taken,
             // reset by the restore: the host's own is next.
@@ -86,6 +93,10 @@ pub fn run(listener: OwnedFd) -> Result<u32, AgentError> {
         }
     }
 }
+
+/// The answer to a command that joins the machine before its own run.
+const NOT_SET_UP: &str =
+    "this machine is not set up yet (its own run has not started): try again in a moment";
 
 /// Why a connection brought no request.
 enum Greeting {
