@@ -38,9 +38,9 @@ pub const WORKDIR_PARAM: &str = "mvm.workdir";
 pub const AGENT_PARAM: &str = "mvm.agent";
 /// `mvm.ready_delay_ms=<ms>`: guest-init waits this long (at most
 /// [`MAX_READY_DELAY_MS`]) before its ready marker, where a template is
-/// taken (after making the agent's listening socket, where there is one). For tests: a host
-/// connection made in that window is in the template
-/// (docs/snapshots.md, "vsock after a restore").
+/// taken (after making the agent's listening socket, where there is
+/// one). For tests: a host connection made in that window is in the
+/// template (docs/snapshots.md, "vsock after a restore").
 pub const READY_DELAY_PARAM: &str = "mvm.ready_delay_ms";
 pub const MAX_READY_DELAY_MS: u64 = 10_000;
 /// `mvm.mount=<tag>,<ro|rw>,<hex path>`: one per virtio-fs share, in mount

@@ -18,9 +18,9 @@ pub enum HandshakeError {
     #[error("the host closed the connection before its {0:?} message")]
     Closed(Kind),
     /// The connection ended or failed before the host's hello was whole:
-    /// nobody is at the other end to answer (a connection that was waiting in the
-    /// guest when a template was taken, reset after its restore:
-    /// docs/snapshots.md, "vsock after a restore").
+    /// nobody is at the other end to answer (a connection that was
+    /// waiting in the guest when a template was taken, reset after its
+    /// restore: docs/snapshots.md, "vsock after a restore").
     #[error("the connection ended before the host's hello")]
     NoHost(#[source] Option<io::Error>),
     #[error("expected a {expected:?} message from the host, got {got:?}")]
