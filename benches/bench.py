@@ -414,10 +414,11 @@ def measure_mvm(runs, i, m, values, failures):
             mm = STAT_LINE.match(text)
             if fd == 2 and mm:
                 stats[mm.group(1)] = float(mm.group(2))
-        # A restored machine maps its copied template pages only where KVM
-        # pre-faults them; otherwise pages the guest never touched are
-        # resident (mincore) but not mapped, and the overhead would come
-        # out too low.
+        # A restored machine maps the template privately: mincore counts
+        # the template's pages in the page cache, which this process has
+        # not mapped, and the overhead would come out too low. (Older
+        # builds copied it and mapped the copy ahead, which mincore counts
+        # right.)
         mapped_ahead = m != "tpl" or any(
             fd == 2 and text.endswith(" guest memory pre-faulted") for fd, _, text in r.lines)
         if "guest resident" in stats and mapped_ahead:
@@ -427,8 +428,9 @@ def measure_mvm(runs, i, m, values, failures):
         elif "guest resident" in stats:
             for key in ("overhead", "own"):
                 NOT_APPLICABLE[(m, key)] = (
-                    "not measurable this way: this KVM did not map the copied template pages ahead, so "
-                    "the guest RAM resident figure (mincore) counts pages the process has not mapped")
+                    "not measurable this way: the machine maps its template privately, and the guest "
+                    "RAM resident figure (mincore) counts the template's cached pages, which the process "
+                    "has not mapped")
         if "guest resident" in stats:
             values["guest"].append(stats["guest resident"])
         values["rss"].append(r.tree)

@@ -98,6 +98,15 @@ pub fn agent_requested(cmdline: &str) -> bool {
     param(cmdline, AGENT_PARAM).as_deref() == Some("1")
 }
 
+/// Whether the VMM booted the kernel with every DMA buffer bounced
+/// through its pool (`mvm_protocol::boot::BOUNCE_PARAM`), whose place
+/// guest-init then reports.
+pub fn bounce_requested(cmdline: &str) -> bool {
+    cmdline
+        .split_ascii_whitespace()
+        .any(|p| p == mvm_protocol::boot::BOUNCE_PARAM)
+}
+
 /// How long to wait before the ready marker (`mvm.ready_delay_ms`, a
 /// testing aid); a value that is not a number is no wait.
 pub fn ready_delay(cmdline: &str) -> std::time::Duration {

@@ -73,6 +73,12 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     std::thread::sleep(cmdline::ready_delay(&line));
     say!("ready (kernel {})", kernel_release());
     if let Some(ports) = ports.as_ref() {
+        if cmdline::bounce_requested(&line) {
+            match agent::kernel_log::bounce_pool() {
+                Some(pool) => ports.bounce_pool(&pool),
+                None => say!("warning: the kernel logged no DMA bounce pool: a restore of this machine copies its memory"),
+            }
+        }
         ports.ready_marker();
     }
 

@@ -18,6 +18,9 @@ pub const PORT_COUNT: u16 = boot::STATUS_PORT_LEN;
 pub const BOOT_MARKER_PORT: u16 = PORT_BASE + boot::MARKER_OFFSET;
 /// The u32 exit status of the guest command.
 pub const EXIT_STATUS_PORT: u16 = PORT_BASE + boot::EXIT_STATUS_OFFSET;
+/// The u32 registers for where the DMA bounce pool lies.
+const POOL_PFN_PORT: u16 = PORT_BASE + boot::BOUNCE_POOL_PFN_OFFSET;
+const POOL_PAGES_PORT: u16 = PORT_BASE + boot::BOUNCE_POOL_PAGES_OFFSET;
 
 /// The kernel's `CLOCK_BOOTTIME` (ns) at the boot marker; 0: not taken.
 static INIT_STARTED_NS: AtomicU64 = AtomicU64::new(0);
@@ -107,13 +110,33 @@ impl Ports {
 
     /// Hands the guest command's exit status to the VMM.
     pub fn exit_status(&self, status: u32) {
-        // SAFETY: `self` proves ioperm covers all four bytes of this port;
-        // the VMM handles the write as a device access, no memory touched.
+        self.out32(EXIT_STATUS_PORT, status);
+    }
+
+    /// Tells the VMM where the kernel's DMA bounce pool lies (page-aligned
+    /// guest-physical bytes), before the ready marker: a template taken
+    /// there keeps it (docs/snapshots.md). A pool beyond 32-bit page
+    /// numbers is not reported.
+    pub fn bounce_pool(&self, pool: &std::ops::Range<u64>) {
+        const PAGE: u64 = 4096;
+        let pfn = u32::try_from(pool.start / PAGE);
+        let pages = u32::try_from((pool.end - pool.start) / PAGE);
+        if let (Ok(pfn), Ok(pages)) = (pfn, pages) {
+            self.out32(POOL_PFN_PORT, pfn);
+            self.out32(POOL_PAGES_PORT, pages);
+        }
+    }
+
+    fn out32(&self, port: u16, value: u32) {
+        // SAFETY: `self` proves ioperm covers the whole range, and every
+        // 32-bit register of it lies inside (the asserts in
+        // `mvm_protocol::boot`); the VMM handles the write as a device
+        // access, no memory touched.
         unsafe {
             std::arch::asm!(
                 "out dx, eax",
-                in("dx") EXIT_STATUS_PORT,
-                in("eax") status,
+                in("dx") port,
+                in("eax") value,
                 options(nomem, nostack, preserves_flags),
             );
         }

@@ -10,12 +10,41 @@
 /// First I/O port of mvm's status port range.
 pub const STATUS_PORT: u16 = 0x440;
 /// Ports in the range (guest-init asks `ioperm` for all of them).
-pub const STATUS_PORT_LEN: u16 = 8;
+pub const STATUS_PORT_LEN: u16 = 16;
 /// Offset of the byte-wide boot-progress marker register.
 pub const MARKER_OFFSET: u16 = 0;
 /// Offset of the 32-bit exit-status register: the guest command's status
 /// (0-255, or 128 + signal), written just before guest-init ends the VM.
 pub const EXIT_STATUS_OFFSET: u16 = 4;
+/// Offsets of two 32-bit registers where guest-init reports, before its
+/// ready marker, where the kernel put its DMA bounce pool (swiotlb): the
+/// pool's first page frame number and its length in pages. Every buffer a
+/// virtio-fs device sees lies in that pool (the VMM boots such a guest
+/// with [`BOUNCE_PARAM`] and offers the device `VIRTIO_F_ACCESS_PLATFORM`),
+/// so a machine restored from a template need share only the pool and the
+/// device's rings with virtiofsd (docs/snapshots.md). Each register keeps
+/// its first value.
+pub const BOUNCE_POOL_PFN_OFFSET: u16 = 8;
+pub const BOUNCE_POOL_PAGES_OFFSET: u16 = 12;
+/// The kernel parameter that makes every device that uses the DMA API
+/// (here only virtio-fs: it alone is offered `VIRTIO_F_ACCESS_PLATFORM`)
+/// bounce its buffers through a pool of this many 2 KiB slabs (8 MiB).
+/// What it must hold: without indirect descriptors a virtio-fs queue of
+/// 256 has at most 256 buffers in flight, each a page for file data, 1
+/// MiB (a request's arguments outside pages, up to 64 KiB for extended
+/// attributes, could add more: 85 such requests at once would need 11
+/// MiB). A full pool fails the request (ENOMEM). The kernel zeroes the
+/// pool at boot, which costs a cold boot in the test host (docs/snapshots.md).
+pub const BOUNCE_PARAM: &str = "swiotlb=4096,force";
+/// Also passed with [`BOUNCE_PARAM`]: x86 Linux logs where the pool lies
+/// ([`BOUNCE_POOL_LOG`]) only when software bounce buffering is its
+/// IOMMU choice (`pci_iommu_init`); a guest without an IOMMU loses
+/// nothing by it.
+pub const BOUNCE_LOG_PARAM: &str = "iommu=soft";
+/// What the kernel logs when it has made the pool (`software IO TLB:
+/// mapped [mem 0x...-0x...] (16MB)`), the one place that says where it
+/// lies.
+pub const BOUNCE_POOL_LOG: &str = "software IO TLB: mapped [mem ";
 
 /// Marker written by guest-init as its first act in userspace; the VMM
 /// timestamps it ("boot to init").
@@ -27,7 +56,9 @@ pub const MARKER_INIT_READY: u8 = 2;
 
 // Both registers lie inside the range, and the markers differ.
 const _: () = assert!(MARKER_OFFSET < STATUS_PORT_LEN);
-const _: () = assert!(EXIT_STATUS_OFFSET + 4 <= STATUS_PORT_LEN);
+const _: () = assert!(EXIT_STATUS_OFFSET + 4 <= BOUNCE_POOL_PFN_OFFSET);
+const _: () = assert!(BOUNCE_POOL_PFN_OFFSET + 4 <= BOUNCE_POOL_PAGES_OFFSET);
+const _: () = assert!(BOUNCE_POOL_PAGES_OFFSET + 4 <= STATUS_PORT_LEN);
 const _: () = assert!(MARKER_INIT_STARTED != MARKER_INIT_READY);
 
 /// `mvm.cmd=<hex>`: argv joined with NUL bytes, hex-encoded.
@@ -265,6 +296,21 @@ pub fn tag_is_valid(tag: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// The bounce pool's guest-physical pages, from one kernel log record
+/// that says where it lies ([`BOUNCE_POOL_LOG`]): its start rounded down
+/// and its end (exclusive, or the last byte) rounded up to pages.
+pub fn bounce_pool_from_log(record: &str) -> Option<std::ops::Range<u64>> {
+    const PAGE: u64 = 4096;
+    let rest = &record[record.find(BOUNCE_POOL_LOG)? + BOUNCE_POOL_LOG.len()..];
+    let (span, _) = rest.split_once(']')?;
+    let (start, end) = span.split_once('-')?;
+    let hex = |s: &str| u64::from_str_radix(s.trim().strip_prefix("0x")?, 16).ok();
+    let (start, end) = (hex(start)?, hex(end)?);
+    let start = start / PAGE * PAGE;
+    let end = end.checked_add(PAGE - 1)? / PAGE * PAGE;
+    (start < end).then_some(start..end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +379,24 @@ mod tests {
     #[test]
     fn the_agent_param_is_what_guest_init_looks_for() {
         assert_eq!(agent_param(), "mvm.agent=1");
+    }
+
+    #[test]
+    fn the_bounce_pool_is_read_from_the_kernels_record() {
+        let record = "6,41,123456,-;software IO TLB: mapped \
+                      [mem 0x000000001e000000-0x000000001f000000] (16MB)\n";
+        assert_eq!(bounce_pool_from_log(record), Some(0x1e00_0000..0x1f00_0000));
+        // An inclusive end is rounded up to the page it ends.
+        let inclusive = "software IO TLB: mapped [mem 0x1000-0x2fff] (0MB)";
+        assert_eq!(bounce_pool_from_log(inclusive), Some(0x1000..0x3000));
+        for other in [
+            "6,42,1,-;software IO TLB: No low mem",
+            "software IO TLB: mapped [mem 0x2000-0x1000] (0MB)",
+            "software IO TLB: mapped [mem 0x2000-] (0MB)",
+            "software IO TLB: mapped [mem zz-0x3000] (0MB)",
+            "virtio-fs: mapped [mem 0x1000-0x3000]",
+        ] {
+            assert_eq!(bounce_pool_from_log(other), None, "{other}");
+        }
     }
 }

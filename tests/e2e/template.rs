@@ -9,8 +9,9 @@
 //! dropped with a warning and the run boots cold (so is one whose memory
 //! file was changed in place after it was verified); two runs that both
 //! create the same template leave one whole template; `mvm snapshot ls`
-//! and `rm` see and remove it. All in one test host (its tmpfs holds the
-//! templates).
+//! and `rm` see and remove it. A restored run shares only the DMA bounce
+//! pool and the rings with virtiofsd; a template without a pool copies.
+//! All in one test host (its tmpfs holds the templates).
 
 use mvm_e2e::{build_peer, mvm_with, repo_root, Options};
 use mvm_protocol::{ExecRequest, Hello, Message};
@@ -61,6 +62,23 @@ $PEER $H/xdg/mvm 1024 60 hold $H/t >$H/hold.out 2>&1; echo "hold: status $? $(tr
 wait $p; echo "held first run: status $? $(grep -c 'ended before the host.s hello' $H/first.err)"
 MVM_TEMPLATES=$H/t $MVM run $D --console --timeout 60 --print-stats -- echo after-hold >$H/r.out 2>$H/r.err
 echo "held restore: status $? $(cat $H/r.out) restored $(grep -c 'boot to init: none' $H/r.err) stale $(grep -c 'ended before the host.s hello' $H/r.err)"
+
+vf_kib() {
+  for p in /proc/[0-9]*; do
+    tr '\0' ' ' <$p/cmdline 2>/dev/null | grep -q '^/[^ ]*virtiofsd' || continue
+    t=0; for r in $(grep memfd: $p/maps | cut -d' ' -f1); do t=$((t + (0x${r#*-} - 0x${r%-*}) / 1024)); done
+    [ $t -gt 0 ] && echo $t
+  done
+}
+V=/run/tmp/view; mkdir -p -m 700 "$V"
+MVM_TEMPLATES=$V/t $MVM run -- true 2>/dev/null
+MVM_TEMPLATES=$V/t $MVM run -- sleep 5 & p=$!; sleep 3; r=$(vf_kib); wait $p
+MVM_TEMPLATES=$V/t $MVM run --no-snapshot -- sleep 8 & p=$!; sleep 6; c=$(vf_kib); wait $p
+echo "virtiofsd maps KiB: restored ${r:-none} cold ${c:-none}"
+N=/run/tmp/nopool; mkdir -p -m 700 "$N"
+MVM_TEMPLATES=$N/t $MVM run --cmdline swiotlb=noforce --console -- true 2>$N/first.err
+MVM_TEMPLATES=$N/t $MVM run --cmdline swiotlb=noforce --print-stats -- head -1 /workspace/Cargo.toml >$N/out 2>$N/err
+echo "no pool: status $? $(cat $N/out) guest $(grep -c 'logged no DMA bounce pool' $N/first.err) copied $(grep -c 'phase: .*guest memory copied from the template' $N/err) warned $(grep -c 'copied for virtiofsd' $N/err)"
 
 E=/run/tmp/early; mkdir -p -m 700 "$E" "$E/xdg"
 XDG_RUNTIME_DIR=$E/xdg MVM_TEMPLATES=$E/t $MVM run $D -- echo own-command >$E/out 2>$E/err & p=$!
@@ -167,11 +185,10 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the cold run's connection: {text}"));
     assert!(cold_tries > 1, "the cold run's connection: {text}");
-    // Where a restored run's time goes: the memory copied (a workspace
-    // is shared) before the VM is made (also where the test host's clock
-    // is too coarse to tell them apart) and its pages mapped into the VM
-    // ahead of the guest, then the guest's own steps in order, from its
-    // Exit.
+    // Where a restored run's time goes: the memory mapped, with the part
+    // virtiofsd is given (a workspace is shared) shared, before the VM is
+    // made (also where the test host's clock is too coarse to tell them
+    // apart), then the guest's own steps in order, from its Exit.
     for i in 1..=2 {
         let phases: Vec<&str> = line(&format!("r{i} err: mvm: phase: "))
             .into_iter()
@@ -179,9 +196,8 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
             .collect();
         let order = [
             "template found",
-            "guest memory copied from the template",
+            "guest memory mapped from the template, its virtio-fs windows shared",
             "kvm opened",
-            "guest memory pre-faulted",
             "guest: clock set, entropy added and reseeded",
             "guest: image root mounted (overlay entered)",
             "guest: shares mounted",
@@ -195,7 +211,35 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
             .filter(|p| order.contains(p))
             .collect();
         assert_eq!(seen, order, "run {i}'s timeline: {text}");
+        assert!(
+            !text.contains(&format!("r{i} err: mvm: warning")),
+            "run {i} warned: {text}"
+        );
     }
+    // What virtiofsd maps of guest memory: in a restored run the bounce
+    // pool (8 MiB) and the rings, at most a few pages more; the control,
+    // a cold run, where it maps all 512 MiB, shows the count sees it all.
+    let view = line("virtiofsd maps KiB: restored ");
+    let kib: Vec<u64> = view
+        .first()
+        .map(|l| {
+            l.split(" cold ")
+                .filter_map(|n| n.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        matches!(kib[..], [restored, 524288] if (8192..8192 + 256).contains(&restored)),
+        "{text}"
+    );
+    // A template whose guest reported no bounce pool (booted with the
+    // pool turned off, `swiotlb=noforce` after mvm's own parameter):
+    // guest-init says so, the restore copies guest memory for virtiofsd
+    // as it must, with a warning, and the workspace works.
+    assert!(
+        text.contains("no pool: status 0 [workspace] guest 1 copied 1 warned 1"),
+        "{text}"
+    );
     let (r1, r2) = (line("r1: "), line("r2: "));
     assert_eq!(r1.len(), 6, "{text}");
     assert_eq!(r2.len(), 6, "{text}");

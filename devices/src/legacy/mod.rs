@@ -9,7 +9,7 @@ mod trigger;
 pub use i8042::I8042;
 pub use serial::{Serial, SerialSnapshot};
 pub use status_port::{
-    GuestReport, StatusPort, StatusPortSnapshot, BOOT_MARKER_INIT_READY, BOOT_MARKER_INIT_STARTED,
-    STATUS_PORT_LEN,
+    BouncePool, GuestReport, StatusPort, StatusPortSnapshot, BOOT_MARKER_INIT_READY,
+    BOOT_MARKER_INIT_STARTED, STATUS_PORT_LEN,
 };
 pub use trigger::EventFdTrigger;

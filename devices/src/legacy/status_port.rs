@@ -5,6 +5,9 @@
 //! first write of each value (benchmarks use [`BOOT_MARKER_INIT_STARTED`]).
 //! Offset 4, 32-bit write: the guest command's exit status (0-255, or
 //! 128 + signal), written just before guest-init reboots the VM.
+//! Offsets 8 and 12, 32-bit writes, each kept from its first: where the
+//! guest kernel's DMA bounce pool lies (first page frame, pages), written
+//! before the ready marker and saved with a template (docs/snapshots.md).
 //! Ports, offsets and marker values are the boot contract
 //! (`mvm_protocol::boot`), which guest-init uses too; docs/protocol.md
 //! describes it.
@@ -29,6 +32,9 @@ pub const BOOT_MARKER_INIT_READY: u8 = boot::MARKER_INIT_READY;
 
 const MARKER_OFFSET: u64 = boot::MARKER_OFFSET as u64;
 const STATUS_OFFSET: u64 = boot::EXIT_STATUS_OFFSET as u64;
+const POOL_PFN_OFFSET: u64 = boot::BOUNCE_POOL_PFN_OFFSET as u64;
+const POOL_PAGES_OFFSET: u64 = boot::BOUNCE_POOL_PAGES_OFFSET as u64;
+const PAGE: u64 = 4096;
 
 /// What the guest has reported so far: the markers (without their host
 /// timestamps, which mean nothing in another process) and the status.
@@ -36,6 +42,27 @@ const STATUS_OFFSET: u64 = boot::EXIT_STATUS_OFFSET as u64;
 pub struct StatusPortSnapshot {
     pub markers: Vec<u8>,
     pub exit_status: Option<u32>,
+    #[serde(default)]
+    pub bounce_pool: BouncePool,
+}
+
+/// Where the guest said its DMA bounce pool lies: the first page frame
+/// and the number of pages, each as first written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BouncePool {
+    pub pfn: Option<u32>,
+    pub pages: Option<u32>,
+}
+
+impl BouncePool {
+    /// The pool's guest-physical bytes, once both registers are written
+    /// and the pool is not empty. Only what the guest said: whoever uses
+    /// it checks it against guest memory.
+    pub fn range(&self) -> Option<std::ops::Range<u64>> {
+        let start = u64::from(self.pfn?) * PAGE;
+        let pages = u64::from(self.pages?);
+        (pages > 0).then(|| start..start + pages * PAGE)
+    }
 }
 
 /// What the guest reported; shared between the device and the VMM.
@@ -43,6 +70,7 @@ pub struct StatusPortSnapshot {
 pub struct Report {
     pub exit_status: Option<u32>,
     pub markers: Vec<(u8, Instant)>,
+    pub bounce_pool: BouncePool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -90,6 +118,7 @@ impl StatusPort {
         let now = Instant::now();
         report.update(|r| {
             r.exit_status = saved.exit_status;
+            r.bounce_pool = saved.bounce_pool;
             r.markers = saved.markers.iter().map(|m| (*m, now)).collect();
         });
         Self { report }
@@ -100,6 +129,7 @@ impl StatusPort {
         StatusPortSnapshot {
             markers: report.markers.iter().map(|(m, _)| *m).collect(),
             exit_status: report.exit_status,
+            bounce_pool: report.bounce_pool,
         }
     }
 }
@@ -133,6 +163,14 @@ impl BusDevice for StatusPort {
             }
             (STATUS_OFFSET, [a, b, c, d]) => self.report.update(|r| {
                 r.exit_status = Some(u32::from_le_bytes([*a, *b, *c, *d]));
+            }),
+            (POOL_PFN_OFFSET, [a, b, c, d]) => self.report.update(|r| {
+                let pfn = &mut r.bounce_pool.pfn;
+                pfn.get_or_insert(u32::from_le_bytes([*a, *b, *c, *d]));
+            }),
+            (POOL_PAGES_OFFSET, [a, b, c, d]) => self.report.update(|r| {
+                let pages = &mut r.bounce_pool.pages;
+                pages.get_or_insert(u32::from_le_bytes([*a, *b, *c, *d]));
             }),
             // Any other width or offset is a guest bug; ignoring it keeps a
             // misbehaving guest from faking a status with a partial write.
@@ -201,5 +239,32 @@ mod tests {
         port.write(5, &3u32.to_le_bytes());
         port.write(0, &[1, 2]);
         assert_eq!(report.snapshot(), Report::default());
+    }
+
+    #[test]
+    fn the_bounce_pool_keeps_its_first_values_and_is_saved() {
+        let report = GuestReport::default();
+        let mut port = StatusPort::new(report.clone());
+        assert_eq!(report.snapshot().bounce_pool.range(), None);
+        port.write(POOL_PFN_OFFSET, &0x1e000u32.to_le_bytes());
+        assert_eq!(report.snapshot().bounce_pool.range(), None, "pages missing");
+        port.write(POOL_PAGES_OFFSET, &4096u32.to_le_bytes());
+        port.write(POOL_PFN_OFFSET, &0x10u32.to_le_bytes());
+        port.write(POOL_PAGES_OFFSET, &[1]);
+        let range = Some(0x1e00_0000..0x1f00_0000);
+        assert_eq!(report.snapshot().bounce_pool.range(), range);
+        let json = serde_json::to_string(&port.save()).unwrap();
+        let other = GuestReport::default();
+        let back = StatusPort::from_snapshot(other.clone(), &serde_json::from_str(&json).unwrap());
+        assert_eq!(back.save().bounce_pool.range(), range);
+        // A state saved before the registers existed reads as no pool.
+        let old: StatusPortSnapshot =
+            serde_json::from_str(r#"{"markers":[1,2],"exit_status":null}"#).unwrap();
+        assert_eq!(old.bounce_pool.range(), None);
+        let empty = BouncePool {
+            pfn: Some(1),
+            pages: Some(0),
+        };
+        assert_eq!(empty.range(), None);
     }
 }

@@ -51,6 +51,32 @@ impl KernelLog {
     }
 }
 
+/// Where the kernel put its DMA bounce pool, from the record it logged
+/// when it made it (`mvm_protocol::boot::bounce_pool_from_log`), read
+/// from the oldest record on; None without that record.
+pub fn bounce_pool() -> Option<std::ops::Range<u64>> {
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open("/dev/kmsg")
+        .ok()?;
+    let mut record = vec![0u8; 8192];
+    loop {
+        match file.read(&mut record) {
+            Ok(0) => return None,
+            Ok(n) => {
+                let text = String::from_utf8_lossy(&record[..n]);
+                if let Some(pool) = mvm_protocol::boot::bounce_pool_from_log(&text) {
+                    return Some(pool);
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+}
+
 /// Whether a `/dev/kmsg` record ("PRI,SEQ,USEC,FLAGS;TEXT\n" and
 /// continuation lines) is an OOM kill.
 fn is_oom_kill(record: &[u8]) -> bool {

@@ -16,6 +16,7 @@ use kvm_ioctls::{IoEventAddress, VmFd};
 use mvm_devices::bus::{self, Bus};
 use mvm_devices::legacy::{EventFdTrigger, GuestReport, Serial, StatusPort, I8042};
 use mvm_devices::state::{DeviceState, RestoreError};
+use mvm_devices::virtio::fs::BackendMemory;
 use mvm_devices::virtio::{mmio, Interrupt, MmioTransport, VirtioDevice, NOTIFY_REG_OFFSET};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -88,6 +89,9 @@ pub struct DeviceEnv<'a> {
     saved: Option<&'a DeviceStates>,
     /// virtio-mmio slots handed out so far.
     virtio_slots: u32,
+    /// Where virtiofsd may map only part of guest memory (a restore), that
+    /// part; else it maps all of it.
+    pub fs_backend: Option<BackendMemory>,
 }
 
 /// The MMIO window and IRQ of one virtio-mmio device.
@@ -109,6 +113,7 @@ impl<'a> DeviceEnv<'a> {
             registry: DeviceRegistry::default(),
             saved,
             virtio_slots: 0,
+            fs_backend: None,
         }
     }
 

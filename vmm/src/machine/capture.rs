@@ -39,9 +39,14 @@ pub struct Capture {
 
 impl Capture {
     /// Copies `mem`'s non-zero pages (only where `memory::data_ranges`
-    /// says data can be) beside `state`.
-    pub fn take(state: MachineState, mem: &GuestMemoryMmap) -> Result<Capture, Error> {
-        let (mem, data) = copy_data(mem)?;
+    /// says data can be, less the guest-physical ranges `skip`, which
+    /// hold nothing the guest needs again) beside `state`.
+    pub fn take(
+        state: MachineState,
+        mem: &GuestMemoryMmap,
+        skip: &[Range<u64>],
+    ) -> Result<Capture, Error> {
+        let (mem, data) = copy_data(mem, skip)?;
         Ok(Capture { state, mem, data })
     }
 
@@ -78,6 +83,7 @@ impl Capture {
 /// for this. Zero pages in it are found when it is written, beside the run.
 pub(in crate::machine) fn copy_data(
     mem: &GuestMemoryMmap,
+    skip: &[Range<u64>],
 ) -> Result<(GuestMemoryMmap, PerRegion), Error> {
     let layout: Vec<(GuestAddress, usize)> = mem
         .iter()
@@ -89,15 +95,17 @@ pub(in crate::machine) fn copy_data(
     let copy = GuestMemoryMmap::from_ranges(&layout).map_err(|e| Error::Allocate(size >> 20, e))?;
     let mut data = Vec::with_capacity(layout.len());
     for (from, to) in mem.iter().zip(copy.iter()) {
+        let start = from.start_addr().0;
         let ranges = memory::data_ranges(from);
         let whole = ranges.len() == 1 && ranges[0] == (0..from.len());
         if whole && from.file_offset().is_none() {
             // Private memory read whole (the host has swap, so `mincore`
             // cannot say what holds data): most of it is the zero page,
             // and only what is not zeros is copied.
-            data.push(copy_nonzero(from, to)?);
+            data.push(memory::without(start, copy_nonzero(from, to)?, skip));
             continue;
         }
+        let ranges = memory::without(start, ranges, skip);
         for range in &ranges {
             copy_range(from, to, range.clone())?;
         }
@@ -184,7 +192,7 @@ mod tests {
             mem.write_slice(&[7u8; 10], GuestAddress(0x1000)).unwrap();
             mem.write_slice(&[9u8; PAGE], GuestAddress(0x5000)).unwrap();
             let found: Vec<_> = mem.iter().map(memory::data_ranges).collect();
-            let (copy, data) = copy_data(&mem).unwrap();
+            let (copy, data) = copy_data(&mem, &[]).unwrap();
             mem.write_slice(&[1u8; 4], GuestAddress(0x1000)).unwrap();
             // What the memory's own save reads (a huge page here is
             // resident whole), which holds both pages.
@@ -228,5 +236,25 @@ mod tests {
         let mut page = vec![0u8; PAGE];
         copy.read_slice(&mut page, GuestAddress(0xa000)).unwrap();
         assert!(page.iter().all(|&b| b == 4));
+    }
+
+    /// What a save leaves out (the bounce pool) is neither copied nor
+    /// listed as data, so the snapshot has a hole there; the rest is.
+    #[test]
+    fn skipped_ranges_are_left_out_of_the_copy() {
+        let mem = create(16 << 20, Backing::Shared).unwrap();
+        mem.write_slice(&[7u8; PAGE], GuestAddress(0x1000)).unwrap();
+        mem.write_slice(&[9u8; 2 * PAGE], GuestAddress(0x4000))
+            .unwrap();
+        let skip = 0x4000..0x5000;
+        let (copy, data) = copy_data(&mem, std::slice::from_ref(&skip)).unwrap();
+        let listed = |at: u64| data[0].iter().any(|r| r.contains(&at));
+        assert!(listed(0x1000) && listed(0x5000), "{data:x?}");
+        assert!(!listed(0x4000), "{data:x?}");
+        let mut page = vec![1u8; PAGE];
+        copy.read_slice(&mut page, GuestAddress(0x4000)).unwrap();
+        assert!(page.iter().all(|&b| b == 0), "a skipped page was copied");
+        copy.read_slice(&mut page, GuestAddress(0x5000)).unwrap();
+        assert!(page.iter().all(|&b| b == 9));
     }
 }

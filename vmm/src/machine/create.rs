@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use mvm_devices::legacy::GuestReport;
+use mvm_devices::virtio::fs::BackendMemory;
 use vm_memory::GuestMemoryMmap;
 
 use super::attach::{self, DeviceEnv};
@@ -19,6 +20,13 @@ use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
 use crate::timeline::Timeline;
 
+/// A snapshot's guest RAM, and where only part of it is shared with
+/// virtiofsd, that part (memory::share_windows).
+pub struct Restored {
+    pub mem: GuestMemoryMmap,
+    pub fs_backend: Option<BackendMemory>,
+}
+
 /// A machine with all its devices (rebuilt from `saved` when given) and
 /// its vCPUs created but neither configured nor started. Guest RAM is
 /// `restored` (a snapshot's) or new. `timeline` holds what came before
@@ -29,7 +37,7 @@ pub fn create(
     config: &VmConfig,
     console: ConsoleOutput,
     saved: Option<&DeviceStates>,
-    restored: Option<GuestMemoryMmap>,
+    restored: Option<Restored>,
     mut timeline: Timeline,
 ) -> Result<(Machine, kvm_ioctls::Kvm), Error> {
     vcpu::install_kick_handler()?;
@@ -39,14 +47,18 @@ pub fn create(
     let msr_index = Arc::new(kvm::msr_index(&kvm)?);
     timeline.mark("vm created");
 
-    let mem = match restored {
-        Some(mem) => mem,
+    let (mem, fs_backend) = match restored {
+        Some(Restored { mem, fs_backend }) => (mem, fs_backend),
         // A vhost-user backend maps guest memory itself, so it must be a
         // file.
-        None if config.shares.is_empty() => {
-            memory::create(config.mem_size, memory::Backing::Private)?
-        }
-        None => memory::create(config.mem_size, memory::Backing::Shared)?,
+        None if config.shares.is_empty() => (
+            memory::create(config.mem_size, memory::Backing::Private)?,
+            None,
+        ),
+        None => (
+            memory::create(config.mem_size, memory::Backing::Shared)?,
+            None,
+        ),
     };
     kvm::register_memory(&vm, &mem)?;
     timeline.mark("guest memory");
@@ -55,6 +67,7 @@ pub fn create(
     let report = GuestReport::default();
     let panic_seen: Arc<AtomicBool> = console.panic_flag();
     let mut env = DeviceEnv::new(&vm, &mem, saved);
+    env.fs_backend = fs_backend;
     let serial = attach::attach_serial(&mut env, console)?;
     attach::attach_i8042(&mut env, &stop)?;
     attach::attach_status_port(&mut env, report.clone())?;

@@ -8,6 +8,7 @@
 use std::os::unix::net::UnixStream;
 
 use mvm_devices::virtio::fs;
+use mvm_protocol::boot;
 
 use super::attach::{attach_virtio, DeviceEnv, Error, Signaller, VirtioSpec};
 use crate::config::FsShare;
@@ -26,6 +27,16 @@ pub fn attach_fs(
     let stream = UnixStream::connect(&share.socket)
         .map_err(|e| Error::FsSocket(share.socket.display().to_string(), e))?;
     let id = fs_id(&share.tag);
+    // Every buffer the guest gives a virtio-fs device then lies in one
+    // pool (the device offers VIRTIO_F_ACCESS_PLATFORM), the one part of
+    // guest memory besides the rings that a restored machine must share
+    // with virtiofsd (fs_windows.rs).
+    for param in [boot::BOUNCE_PARAM, boot::BOUNCE_LOG_PARAM] {
+        if !env.cmdline_extra.iter().any(|p| p == param) {
+            env.cmdline_extra.push(param.to_string());
+        }
+    }
+    let shared = env.fs_backend.clone();
     let spec = VirtioSpec {
         id: &id,
         what: "virtio-fs",
@@ -44,6 +55,10 @@ pub fn attach_fs(
             tag: share.tag.clone(),
             source,
         })?;
+        let mut device = device;
+        if let Some(shared) = shared {
+            device.share_only(shared);
+        }
         Ok((device, Box::new(handler)))
     })?;
     Ok(())

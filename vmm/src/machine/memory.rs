@@ -9,6 +9,9 @@ use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
+use std::sync::Arc;
+
+use mvm_devices::virtio::fs::{BackendMemory, SharedWindow};
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{
     FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
@@ -132,6 +135,85 @@ pub fn from_snapshot(
         regions.push(region);
     }
     GuestMemoryMmap::from_regions(regions).map_err(|e| Error::Map(e.to_string()))
+}
+
+/// Shares `windows` (page-aligned guest-physical ranges, each inside one
+/// region) of `mem`, a snapshot's memory mapped privately
+/// ([`from_snapshot`]), with a vhost-user backend: a new memfd holds a
+/// copy of the file's data in them, and is mapped `MAP_SHARED` over the
+/// same ranges of `mem`'s own mapping, so that the guest, this process
+/// and the backend see the same pages there; the rest stays private.
+/// Returns what the backend may map.
+pub fn share_windows(
+    file: &File,
+    layout: &[RegionLayout],
+    mem: &GuestMemoryMmap,
+    windows: &[Range<u64>],
+) -> Result<BackendMemory, Error> {
+    let total: u64 = windows.iter().map(|w| w.end - w.start).sum();
+    let shared = memfd(total).map_err(|e| Error::Memfd(total >> 20, e))?;
+    let mut copier = Copier::new(true);
+    let mut out = Vec::with_capacity(windows.len());
+    let mut offset = 0u64;
+    for w in windows {
+        let len = w.end - w.start;
+        let outside = || Error::Map(format!("{:#x}..{:#x} is not in guest RAM", w.start, w.end));
+        if w.start % PAGE != 0 || len % PAGE != 0 || len == 0 {
+            return Err(Error::Map(format!(
+                "{:#x}..{:#x} is not whole pages",
+                w.start, w.end
+            )));
+        }
+        let r = layout
+            .iter()
+            .find(|r| r.guest_addr <= w.start && w.end <= r.guest_addr + r.len)
+            .ok_or_else(outside)?;
+        let from = r.file_offset + (w.start - r.guest_addr);
+        for extent in data_extents(file, from, from + len).map_err(Error::Copy)? {
+            let to = offset + (extent.start - from);
+            copier
+                .copy(file, extent.start, &shared, to, extent.end - extent.start)
+                .map_err(Error::Copy)?;
+        }
+        let host = mem
+            .get_slice(GuestAddress(w.start), len as usize)
+            .map_err(|_| outside())?
+            .ptr_guard_mut()
+            .as_ptr();
+        // SAFETY: [host, host + len) lies inside one region's mapping
+        // (get_slice checked it), which `mem` owns and unmaps whole when
+        // dropped; MAP_FIXED replaces exactly those pages with as many of
+        // the memfd's, readable and writable as before, so every pointer
+        // vm-memory holds stays valid. No vCPU runs yet and no device has
+        // touched guest memory, so nothing is reading the old pages.
+        let mapped = unsafe {
+            libc::mmap(
+                host.cast(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                shared.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(Error::Map(format!(
+                "cannot share {:#x}..{:#x}: {}",
+                w.start,
+                w.end,
+                io::Error::last_os_error()
+            )));
+        }
+        out.push(SharedWindow {
+            guest: w.clone(),
+            file_offset: offset,
+        });
+        offset += len;
+    }
+    Ok(BackendMemory {
+        file: Arc::new(shared),
+        windows: out,
+    })
 }
 
 /// Guest RAM from a snapshot's memory file for a machine whose memory a
@@ -346,7 +428,7 @@ fn resident(region: &GuestRegionMmap) -> io::Result<Vec<Range<u64>>> {
 }
 
 /// `ranges` sorted, overlapping and touching ones merged.
-fn union(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+pub(super) fn union(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
     ranges.sort_by_key(|r| r.start);
     let mut out: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
     for r in ranges.into_iter().filter(|r| !r.is_empty()) {
@@ -354,6 +436,27 @@ fn union(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
             Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
             _ => out.push(r),
         }
+    }
+    out
+}
+
+/// `ranges` (offsets in a region that starts at guest-physical
+/// `region_start`) less the guest-physical ranges `skip`.
+pub fn without(region_start: u64, ranges: Vec<Range<u64>>, skip: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut out = ranges;
+    for s in skip {
+        let (start, end) = (
+            s.start.saturating_sub(region_start),
+            s.end.saturating_sub(region_start),
+        );
+        out = out
+            .into_iter()
+            .flat_map(|r| {
+                let before = r.start..r.end.min(start);
+                let after = r.start.max(end)..r.end;
+                [before, after].into_iter().filter(|p| !p.is_empty())
+            })
+            .collect();
     }
     out
 }
@@ -420,6 +523,19 @@ mod tests {
         (layout, data)
     }
 
+    /// A new file, already unlinked.
+    fn unlinked_file(name: &str) -> File {
+        let path = scratch(name);
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
+    }
+
     /// `mem` holds `data` at the file offsets of `layout`, and zeros around.
     fn assert_holds(mem: &GuestMemoryMmap, layout: &[RegionLayout], data: &[(u64, Vec<u8>)]) {
         let guest = |offset: u64| {
@@ -441,14 +557,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_restores_into_shared_memory_that_holds_its_data_and_holes() {
-        let path = scratch("restore-shared");
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let file = unlinked_file("restore-shared");
         let (layout, data) = sparse_memory_file(&file);
 
         let (mem, copied_ranges) = from_snapshot_shared(&file, &layout, 4 << 30).unwrap();
@@ -499,6 +608,52 @@ mod tests {
     }
 
     #[test]
+    fn shared_windows_hold_the_snapshots_data_and_are_the_backends_pages() {
+        let file = unlinked_file("restore-windows");
+        let (layout, data) = sparse_memory_file(&file);
+        let mem = from_snapshot(&file, &layout, 4 << 30).unwrap();
+        // One window over the first data page, one over the second
+        // region's start (whose data is at file offset 0xd000_0000).
+        let windows = [0x1000..0x3000, MMIO_GAP_END..MMIO_GAP_END + PAGE];
+        let shared = share_windows(&file, &layout, &mem, &windows).unwrap();
+        let got: Vec<(Range<u64>, u64)> = shared
+            .windows
+            .iter()
+            .map(|w| (w.guest.clone(), w.file_offset))
+            .collect();
+        assert_eq!(got, [(windows[0].clone(), 0), (windows[1].clone(), 0x2000)]);
+        // The guest sees the snapshot's data everywhere, windows or not.
+        assert_holds(&mem, &layout, &data);
+        // The memfd holds a copy of the windows' data, nothing else.
+        let mut first = [0u8; 10];
+        shared.file.read_exact_at(&mut first, 0).unwrap();
+        assert_eq!(&first, b"first page");
+        assert!(total(&data_extents(&shared.file, 0, 0x3000).unwrap()) <= 2 * PAGE);
+        // A write in a window is the backend's to see, and the reverse.
+        mem.write_obj(0x77u8, GuestAddress(0x2000)).unwrap();
+        let mut byte = [0u8; 1];
+        shared.file.read_exact_at(&mut byte, 0x1000).unwrap();
+        assert_eq!(byte, [0x77]);
+        shared.file.write_all_at(&[0x55], 0x2000).unwrap();
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(MMIO_GAP_END)).unwrap(),
+            0x55
+        );
+        // A write outside stays private: not in the snapshot, not shared.
+        mem.write_obj(0x66u8, GuestAddress(0x3000)).unwrap();
+        file.read_exact_at(&mut byte, 0x3000).unwrap();
+        assert_eq!(byte, [0]);
+        assert_eq!(shared.file.metadata().unwrap().len(), 3 * PAGE);
+
+        for bad in [0x1800..0x2000, 0xcfff_f000..0xd000_1000, 0x1000..0x1000] {
+            assert!(
+                share_windows(&file, &layout, &mem, std::slice::from_ref(&bad)).is_err(),
+                "{bad:x?}"
+            );
+        }
+    }
+
+    #[test]
     fn what_a_snapshot_reads_of_each_kind_of_memory() {
         const MIB: u64 = 1 << 20;
         // Shared: the memfd's data extents, a page.
@@ -538,6 +693,21 @@ mod tests {
         );
         assert!(total(&ranges) <= 8 * MIB, "{ranges:x?}");
         assert_eq!(data_ranges_with(region, true), one(0..64 * MIB));
+    }
+
+    #[test]
+    fn skipped_guest_ranges_are_cut_out_of_a_regions_ranges() {
+        let got = without(
+            0x1000_0000,
+            vec![0..0x3000, 0x5000..0x6000, 0x8000..0xa000],
+            &[
+                0x1000_1000..0x1000_2000,
+                0x1000_5000..0x1000_9000,
+                0..0x1000,
+            ],
+        );
+        assert_eq!(got, [0..0x1000, 0x2000..0x3000, 0x9000..0xa000]);
+        assert_eq!(without(0, one(0..0x1000), &[]), one(0..0x1000));
     }
 
     #[test]

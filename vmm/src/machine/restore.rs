@@ -1,14 +1,14 @@
 //! A machine rebuilt from a snapshot: the same devices from their saved
-//! states, guest RAM from the memory file (mapped privately; or, for a
-//! machine with shares, copied into fresh shared memory), the VM's
+//! states, guest RAM from the memory file (mapped privately; for a machine
+//! with shares, with the few pages virtiofsd is given shared over it), the VM's
 //! in-kernel devices and every vCPU set to what was saved. It starts where
 //! the saved one was paused.
 
 use std::path::Path;
 
-use super::create::create;
+use super::create::{create, Restored};
 use super::snapshot::{self, Loaded};
-use super::{memory, Error, Machine};
+use super::{fs_windows, memory, Error, Machine};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
 use crate::timeline::Timeline;
@@ -38,23 +38,51 @@ pub fn restore_loaded(
         )));
     }
     // The pages to map into the VM ahead of the guest (prefault.rs).
-    let (mem, memory_phase, prefault) = if config.shares.is_empty() {
+    let (mem, memory_phase, prefault, fs_backend) = if config.shares.is_empty() {
         // Untouched pages come from the file through the page cache,
         // shared with every machine restored from it. None is mapped
         // ahead: KVM would map them read-only, and the guest's first write
         // to each still exits, for its private copy (measured in
         // docs/snapshots.md: no gain).
         let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
-        (mem, "guest memory mapped from the template", Vec::new())
+        (
+            mem,
+            "guest memory mapped from the template",
+            Vec::new(),
+            None,
+        )
     } else {
-        // virtiofsd maps guest memory too (MAP_SHARED), which a private
-        // mapping of the file cannot be: a memfd with a copy of its data.
-        let (mem, copied) = memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?;
-        (mem, "guest memory copied from the template", copied)
+        match fs_windows::shared_windows(&state.devices, &state.regions) {
+            // virtiofsd maps guest memory too (MAP_SHARED), which a
+            // private mapping of the file cannot be; but all it is ever
+            // given lies in the bounce pool and the rings: only those are
+            // shared (a copy of their data), the rest mapped as above.
+            Ok(windows) => {
+                let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
+                let backend = memory::share_windows(&memory, &state.regions, &mem, &windows)?;
+                let phase = "guest memory mapped from the template, its virtio-fs windows shared";
+                (mem, phase, Vec::new(), Some(backend))
+            }
+            // A template without them (its guest reported no pool): a
+            // memfd with a copy of all its data, which virtiofsd maps whole.
+            Err(why) => {
+                eprintln!("mvm: warning: guest memory is copied for virtiofsd: {why}");
+                let (mem, copied) =
+                    memory::from_snapshot_shared(&memory, &state.regions, config.mem_size)?;
+                (mem, "guest memory copied from the template", copied, None)
+            }
+        }
     };
     let mut timeline = Timeline::default();
     timeline.mark(memory_phase);
-    let (mut machine, _kvm) = create(config, console, Some(&state.devices), Some(mem), timeline)?;
+    let restored = Restored { mem, fs_backend };
+    let (mut machine, _kvm) = create(
+        config,
+        console,
+        Some(&state.devices),
+        Some(restored),
+        timeline,
+    )?;
     state.vm.restore(&machine.vm)?;
     machine.timeline.mark("vm state restored");
     for (vcpu, saved) in machine.vcpus.iter().zip(&state.vcpus) {

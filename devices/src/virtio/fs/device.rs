@@ -10,12 +10,17 @@
 //! the rings to a new backend at position 0, which is then exactly where
 //! they are.
 
+use std::fs::File;
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserVirtioFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ids::VIRTIO_ID_FS;
-use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -28,9 +33,75 @@ use crate::virtio::state::VirtioDeviceSnapshot;
 
 /// The ring features the guest may use: the backend implements the rings,
 /// so these only need the backend's say-so; nothing else (no DAX window,
-/// no notification data) is offered.
-const PASSED_THROUGH: u64 =
-    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_INDIRECT_DESC) | (1 << VIRTIO_RING_F_EVENT_IDX);
+/// no notification data) is offered. Not indirect descriptors either: with
+/// them a queue could have 1024 requests of up to a megabyte each in
+/// flight, more than the guest's bounce pool holds (see
+/// `mvm_protocol::boot::BOUNCE_PARAM`); without them, at most 1024 pages.
+const PASSED_THROUGH: u64 = (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX);
+
+/// Offered by the device itself, never passed to the backend: the guest
+/// then maps every buffer through its DMA API, which the kernel's
+/// `swiotlb=force` turns into a copy through its bounce pool. The
+/// addresses stay guest-physical (there is no IOMMU), so the backend needs
+/// to know nothing of it; what it gains is that every buffer it is given
+/// lies in the pool (`BackendMemory`).
+const ACCESS_PLATFORM: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
+
+/// Guest memory that the backend may map, where it is not all of it: a
+/// machine restored from a template maps the template privately and
+/// shares only these windows of it with virtiofsd, each a part of `file`
+/// mapped `MAP_SHARED` over the same guest-physical range of the VMM's
+/// own mapping (docs/snapshots.md).
+#[derive(Debug, Clone)]
+pub struct BackendMemory {
+    pub file: Arc<File>,
+    pub windows: Vec<SharedWindow>,
+}
+
+/// One window: guest-physical bytes and where they lie in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedWindow {
+    pub guest: Range<u64>,
+    pub file_offset: u64,
+}
+
+impl BackendMemory {
+    /// Whether `len` bytes at `gpa` lie inside one window.
+    fn covers(&self, gpa: u64, len: u64) -> bool {
+        let Some(end) = gpa.checked_add(len) else {
+            return false;
+        };
+        self.windows
+            .iter()
+            .any(|w| w.guest.start <= gpa && end <= w.guest.end)
+    }
+
+    /// The vhost-user memory table: each window at the address the VMM
+    /// maps it.
+    fn table(&self, mem: &GuestMemoryMmap) -> Result<Vec<VhostUserMemoryRegionInfo>, Error> {
+        self.windows
+            .iter()
+            .map(|w| {
+                let len = w.guest.end - w.guest.start;
+                let host = mem
+                    .get_slice(GuestAddress(w.guest.start), len as usize)
+                    .map_err(|_| {
+                        Error::Backend(format!(
+                            "shared window {:#x}..{:#x} is not guest memory",
+                            w.guest.start, w.guest.end
+                        ))
+                    })?;
+                Ok(VhostUserMemoryRegionInfo {
+                    guest_phys_addr: w.guest.start,
+                    memory_size: len,
+                    userspace_addr: host.ptr_guard().as_ptr() as u64,
+                    mmap_offset: w.file_offset,
+                    mmap_handle: self.file.as_raw_fd(),
+                })
+            })
+            .collect()
+    }
+}
 
 pub struct VhostUserFs {
     config: [u8; CONFIG_SIZE],
@@ -45,6 +116,8 @@ pub struct VhostUserFs {
     call_evt: EventFd,
     /// Some while the backend holds rings of the current activation.
     running: Option<Rings>,
+    /// What the backend may map, where not all of guest memory.
+    shared: Option<BackendMemory>,
 }
 
 /// What a save needs of the rings the backend holds: where the driver
@@ -132,7 +205,14 @@ impl VhostUserFs {
             kick_evts,
             call_evt,
             running: None,
+            shared: None,
         })
+    }
+
+    /// Has the backend map only `shared` of guest memory: every ring and
+    /// every buffer must then lie in it.
+    pub fn share_only(&mut self, shared: BackendMemory) {
+        self.shared = Some(shared);
     }
 
     /// The tag, from the config space it was written into.
@@ -148,30 +228,51 @@ impl VhostUserFs {
         queues: &[Queue],
         acked: u64,
     ) -> Result<(), Error> {
-        // A private mapping's pages (a snapshot's memory, copy on write)
-        // are this process's alone: the backend would map the file under
-        // it and neither see the guest's writes nor keep its own from the
-        // file.
-        if mem.iter().any(|r| r.flags() & libc::MAP_PRIVATE != 0) {
-            return Err(Error::Backend(
-                "guest memory is a private mapping, which the backend cannot share".into(),
-            ));
-        }
+        let regions = match &self.shared {
+            Some(shared) => {
+                for (index, q) in queues.iter().enumerate() {
+                    let size = u64::from(q.size());
+                    let rings = [
+                        (q.desc_table(), 16 * size),
+                        (q.avail_ring(), 6 + 2 * size),
+                        (q.used_ring(), 6 + 8 * size),
+                    ];
+                    if !rings.iter().all(|&(at, len)| shared.covers(at, len)) {
+                        return Err(Error::Backend(format!(
+                            "queue {index}'s rings lie outside the memory shared with the backend"
+                        )));
+                    }
+                }
+                shared.table(mem)?
+            }
+            None => {
+                // A private mapping's pages (a snapshot's memory, copy on
+                // write) are this process's alone: the backend would map
+                // the file under it and neither see the guest's writes nor
+                // keep its own from the file.
+                if mem.iter().any(|r| r.flags() & libc::MAP_PRIVATE != 0) {
+                    return Err(Error::Backend(
+                        "guest memory is a private mapping, which the backend cannot share".into(),
+                    ));
+                }
+                mem.iter()
+                    .map(VhostUserMemoryRegionInfo::from_guest_region)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| {
+                        Error::Backend("guest memory is not shareable (not file-backed)".into())
+                    })?
+            }
+        };
         let protocol_bit = if self.protocol {
             VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
         } else {
             0
         };
+        // ACCESS_PLATFORM is the guest's business (see ACCESS_PLATFORM).
+        let to_backend = acked & self.backend_features & !ACCESS_PLATFORM;
         self.frontend
-            .set_features((acked & self.backend_features) | protocol_bit)
+            .set_features(to_backend | protocol_bit)
             .map_err(activation("SET_FEATURES"))?;
-        let regions = mem
-            .iter()
-            .map(VhostUserMemoryRegionInfo::from_guest_region)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| {
-                Error::Backend("guest memory is not shareable (not file-backed)".into())
-            })?;
         self.frontend
             .set_mem_table(&regions)
             .map_err(activation("SET_MEM_TABLE"))?;
@@ -238,7 +339,7 @@ impl VirtioDevice for VhostUserFs {
     }
 
     fn features(&self) -> u64 {
-        self.backend_features & PASSED_THROUGH
+        (self.backend_features & PASSED_THROUGH) | ACCESS_PLATFORM
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {

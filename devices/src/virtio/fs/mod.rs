@@ -29,7 +29,7 @@ use std::os::unix::net::UnixStream;
 use vhost::vhost_user::Frontend;
 use vmm_sys_util::eventfd::EventFd;
 
-pub use device::VhostUserFs;
+pub use device::{BackendMemory, SharedWindow, VhostUserFs};
 pub use handler::FsHandler;
 
 use crate::virtio::Interrupt;

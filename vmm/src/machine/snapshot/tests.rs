@@ -141,7 +141,7 @@ fn a_copy_of_guest_memory_saves_the_same_file_as_the_memory() {
         let dir = scratch(&format!("copy-{backing:?}"));
         let (direct, direct_len) =
             write_memory(&dir.join("direct"), &mem, &regions, &found).unwrap();
-        let (copy, data) = super::super::capture::copy_data(&mem).unwrap();
+        let (copy, data) = super::super::capture::copy_data(&mem, &[]).unwrap();
         let (copied, copied_len) = write_memory(&dir.join("copied"), &copy, &regions, &|i, _| {
             data[i].clone()
         })

@@ -225,21 +225,7 @@ fn start_driver(t: &mut MmioTransport<VhostUserFs>) {
     w(t, reg::VIRTIO_MMIO_STATUS, ACK_DRIVER);
     w(t, reg::VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
     w(t, reg::VIRTIO_MMIO_DRIVER_FEATURES, 1);
-    w(
-        t,
-        reg::VIRTIO_MMIO_STATUS,
-        ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
-    );
-    for (sel, base) in RING_BASES.iter().enumerate() {
-        let base = *base as u32;
-        w(t, reg::VIRTIO_MMIO_QUEUE_SEL, sel as u32);
-        w(t, reg::VIRTIO_MMIO_QUEUE_NUM, QUEUE_NUM.into());
-        w(t, reg::VIRTIO_MMIO_QUEUE_DESC_LOW, base);
-        w(t, reg::VIRTIO_MMIO_QUEUE_AVAIL_LOW, base + 0x400);
-        w(t, reg::VIRTIO_MMIO_QUEUE_USED_LOW, base + 0x800);
-        w(t, reg::VIRTIO_MMIO_QUEUE_READY, 1);
-    }
-    w(t, reg::VIRTIO_MMIO_STATUS, RUNNING);
+    start_driver_after_features(t);
 }
 
 /// A device whose driver started it over shared memory, the rings handed
@@ -441,4 +427,123 @@ fn a_private_mapping_is_never_handed_to_the_backend() {
     }
     backend.nothing_more();
     assert!(device.save().is_ok(), "not running");
+}
+
+#[test]
+fn access_platform_is_offered_to_the_guest_and_kept_from_the_backend() {
+    let (device, _backend, _interrupt) = connect();
+    let offered = device.features();
+    assert_ne!(offered & ACCESS_PLATFORM, 0, "the guest must bounce");
+    assert_eq!(offered & (1 << 28), 0, "no indirect descriptors");
+
+    // A driver that acks it (VERSION_1 and ACCESS_PLATFORM: bits 32, 33).
+    let mem = shared_mem();
+    let mut fs = fs_with(&mem, MmioTransport::new).unwrap();
+    w(&mut fs.t, reg::VIRTIO_MMIO_STATUS, ACK_DRIVER);
+    w(&mut fs.t, reg::VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    w(&mut fs.t, reg::VIRTIO_MMIO_DRIVER_FEATURES, 0b11);
+    start_driver_after_features(&mut fs.t);
+    assert_eq!(fs.t.status(), RUNNING);
+    // assert_rings_handed_over checks SET_FEATURES: VERSION_1 and
+    // PROTOCOL_FEATURES, nothing else.
+    assert_rings_handed_over(&fs.backend, &mem);
+}
+
+/// [`start_driver`] from FEATURES_OK on, the features already written.
+fn start_driver_after_features(t: &mut MmioTransport<VhostUserFs>) {
+    w(
+        t,
+        reg::VIRTIO_MMIO_STATUS,
+        ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
+    );
+    for (sel, base) in RING_BASES.iter().enumerate() {
+        let base = *base as u32;
+        w(t, reg::VIRTIO_MMIO_QUEUE_SEL, sel as u32);
+        w(t, reg::VIRTIO_MMIO_QUEUE_NUM, QUEUE_NUM.into());
+        w(t, reg::VIRTIO_MMIO_QUEUE_DESC_LOW, base);
+        w(t, reg::VIRTIO_MMIO_QUEUE_AVAIL_LOW, base + 0x400);
+        w(t, reg::VIRTIO_MMIO_QUEUE_USED_LOW, base + 0x800);
+        w(t, reg::VIRTIO_MMIO_QUEUE_READY, 1);
+    }
+    w(t, reg::VIRTIO_MMIO_STATUS, RUNNING);
+}
+
+/// Shared windows of `file` at these guest-physical ranges, each at the
+/// file offset of its guest address.
+fn windows(file: std::fs::File, ranges: &[Range<u64>]) -> BackendMemory {
+    BackendMemory {
+        file: Arc::new(file),
+        windows: ranges
+            .iter()
+            .map(|r| SharedWindow {
+                guest: r.clone(),
+                file_offset: r.start,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn private_memory_with_shared_windows_hands_the_backend_only_the_windows() {
+    let mem = private_mem();
+    let mut fs = fs_with(&mem, |mut device, mem, interrupt, evts| {
+        device.share_only(windows(
+            memory_file(MEM_SIZE),
+            std::slice::from_ref(&(0x1000..0x4000)),
+        ));
+        MmioTransport::new(device, mem, interrupt, evts)
+    })
+    .unwrap();
+    start_driver(&mut fs.t);
+    assert_eq!(fs.t.status(), RUNNING);
+    assert_rings_handed_over(&fs.backend, &mem);
+}
+
+#[test]
+fn the_memory_table_of_shared_windows_is_the_windows() {
+    let mem = private_mem();
+    let shared = windows(memory_file(MEM_SIZE), &[0x1000..0x2000, 0x3000..0x5000]);
+    let table = shared.table(&mem).unwrap();
+    let hva = |gpa: u64| mem.get_host_address(GuestAddress(gpa)).unwrap() as u64;
+    let got: Vec<(u64, u64, u64, u64)> = table
+        .iter()
+        .map(|r| {
+            assert_eq!(r.mmap_handle, shared.file.as_raw_fd());
+            (
+                r.guest_phys_addr,
+                r.memory_size,
+                r.userspace_addr,
+                r.mmap_offset,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0x1000, 0x1000, hva(0x1000), 0x1000),
+            (0x3000, 0x2000, hva(0x3000), 0x3000)
+        ]
+    );
+    let beyond = windows(
+        memory_file(MEM_SIZE),
+        std::slice::from_ref(&(0xf000..0x11000)),
+    );
+    assert!(beyond.table(&mem).is_err(), "a window past guest memory");
+}
+
+#[test]
+fn rings_outside_the_shared_windows_are_refused_before_the_backend_hears() {
+    let mem = private_mem();
+    // Queue 1's rings (at 0x3000) lie outside.
+    let mut fs = fs_with(&mem, |mut device, mem, interrupt, evts| {
+        device.share_only(windows(
+            memory_file(MEM_SIZE),
+            std::slice::from_ref(&(0x1000..0x2000)),
+        ));
+        MmioTransport::new(device, mem, interrupt, evts)
+    })
+    .unwrap();
+    start_driver(&mut fs.t);
+    assert_eq!(fs.t.status(), RUNNING | VIRTIO_CONFIG_S_NEEDS_RESET);
+    fs.backend.nothing_more();
 }
