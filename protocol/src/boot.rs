@@ -31,10 +31,14 @@ pub const BOUNCE_POOL_PAGES_OFFSET: u16 = 12;
 /// bounce its buffers through a pool of this many 2 KiB slabs (8 MiB).
 /// What it must hold: without indirect descriptors a virtio-fs queue of
 /// 256 has at most 256 buffers in flight, each a page for file data, 1
-/// MiB (a request's arguments outside pages, up to 64 KiB for extended
-/// attributes, could add more: 85 such requests at once would need 11
-/// MiB). A full pool fails the request (ENOMEM). The kernel zeroes the
-/// pool at boot, which costs a cold boot in the test host (docs/snapshots.md).
+/// MiB. A request's arguments outside pages are one buffer of up to about
+/// 66 KiB (an extended attribute's value): a queue full of those (at
+/// least two buffers a request, so at most 128) could ask for more than
+/// the pool's 8 MiB, and a request that finds the pool full fails
+/// (ENOMEM). The kernel must not grow the pool elsewhere
+/// (`CONFIG_SWIOTLB_DYNAMIC`, off in mvm's kernel): virtiofsd could not
+/// map a buffer outside it. The kernel zeroes the pool at boot, which
+/// costs a cold boot in the test host (docs/snapshots.md).
 pub const BOUNCE_PARAM: &str = "swiotlb=4096,force";
 /// Also passed with [`BOUNCE_PARAM`]: x86 Linux logs where the pool lies
 /// ([`BOUNCE_POOL_LOG`]) only when software bounce buffering is its

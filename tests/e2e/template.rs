@@ -37,6 +37,10 @@ for i in 1 2; do
   grep -h 'boot to init\|warning\|agent connection\|phase: .*\(guest\|template\|kvm opened\)' /run/tmp/r$i.err | sed "s/^/r$i err: /"
 done
 $MVM run --no-snapshot --print-stats -- true 2>/run/tmp/cold.err; echo "cold: status $? $(grep 'agent connection' /run/tmp/cold.err)"
+B=/run/tmp/bounce; mkdir -p "$B"; dd if=/dev/urandom of="$B/big" bs=1M count=6 2>/dev/null
+echo "bounce host: $(sha256sum "$B/big" | cut -c1-64)"
+$MVM run --root --print-stats --workspace "$B" -- sh -c 'for i in 1 2 3 4; do sha256sum big & done; wait; echo "pool errors $(dmesg | grep -c -e "buffer is full" -e "enqueue_req")"' 2>/run/tmp/b.err | sed 's/^/bounce guest: /'
+echo "bounce: $(grep -c 'warning' /run/tmp/b.err) warning(s) restored $(grep -c 'restored from a template' /run/tmp/b.err)"
 
 echo "host-clock: $(date +%s)"
 printf x | dd of="$T/$key/state.json" bs=1 seek=100 conv=notrunc 2>/dev/null
@@ -264,6 +268,17 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         assert_eq!(r[3], "[workspace]", "{text}");
         assert!(r[4].starts_with("12."), "{text}");
     }
+    // File data through the bounce pool in a restored machine, four
+    // readers at once: every one reads the host's bytes, and the guest
+    // kernel logged no full pool or failed request.
+    let host = line("bounce host: ");
+    let sums = line("bounce guest: ");
+    assert_eq!(host.len(), 1, "{text}");
+    let readers: Vec<&&str> = sums.iter().filter(|l| l.ends_with("  big")).collect();
+    assert_eq!(readers.len(), 4, "{text}");
+    assert!(readers.iter().all(|l| l.starts_with(host[0])), "{text}");
+    assert!(text.contains("bounce guest: pool errors 0"), "{text}");
+    assert!(text.contains("bounce: 0 warning(s) restored 1"), "{text}");
     assert!(
         text.contains("damaged state: status 0 1 warning(s); again: 1"),
         "{text}"

@@ -5,9 +5,9 @@
 //! first write of each value (benchmarks use [`BOOT_MARKER_INIT_STARTED`]).
 //! Offset 4, 32-bit write: the guest command's exit status (0-255, or
 //! 128 + signal), written just before guest-init reboots the VM.
-//! Offsets 8 and 12, 32-bit writes, each kept from its first: where the
-//! guest kernel's DMA bounce pool lies (first page frame, pages), written
-//! before the ready marker and saved with a template (docs/snapshots.md).
+//! Offsets 8 and 12, 32-bit writes, each kept from its first and taken only
+//! before the ready marker: where the guest kernel's DMA bounce pool lies
+//! (first page frame, pages), saved with a template (docs/snapshots.md).
 //! Ports, offsets and marker values are the boot contract
 //! (`mvm_protocol::boot`), which guest-init uses too; docs/protocol.md
 //! describes it.
@@ -164,13 +164,18 @@ impl BusDevice for StatusPort {
             (STATUS_OFFSET, [a, b, c, d]) => self.report.update(|r| {
                 r.exit_status = Some(u32::from_le_bytes([*a, *b, *c, *d]));
             }),
-            (POOL_PFN_OFFSET, [a, b, c, d]) => self.report.update(|r| {
-                let pfn = &mut r.bounce_pool.pfn;
-                pfn.get_or_insert(u32::from_le_bytes([*a, *b, *c, *d]));
-            }),
-            (POOL_PAGES_OFFSET, [a, b, c, d]) => self.report.update(|r| {
-                let pages = &mut r.bounce_pool.pages;
-                pages.get_or_insert(u32::from_le_bytes([*a, *b, *c, *d]));
+            (POOL_PFN_OFFSET | POOL_PAGES_OFFSET, [a, b, c, d]) => self.report.update(|r| {
+                // Only guest-init's, before its ready marker (after it the
+                // guest runs commands, which a template never holds).
+                if r.markers.iter().any(|(m, _)| *m == BOOT_MARKER_INIT_READY) {
+                    return;
+                }
+                let value = u32::from_le_bytes([*a, *b, *c, *d]);
+                let pool = &mut r.bounce_pool;
+                match offset {
+                    POOL_PFN_OFFSET => pool.pfn.get_or_insert(value),
+                    _ => pool.pages.get_or_insert(value),
+                };
             }),
             // Any other width or offset is a guest bug; ignoring it keeps a
             // misbehaving guest from faking a status with a partial write.
@@ -253,6 +258,15 @@ mod tests {
         port.write(POOL_PAGES_OFFSET, &[1]);
         let range = Some(0x1e00_0000..0x1f00_0000);
         assert_eq!(report.snapshot().bounce_pool.range(), range);
+        // After the ready marker nothing is taken: a second port's first
+        // write neither.
+        let later = GuestReport::default();
+        let mut port2 = StatusPort::new(later.clone());
+        port2.write(POOL_PFN_OFFSET, &1u32.to_le_bytes());
+        port2.write(MARKER_OFFSET, &[BOOT_MARKER_INIT_READY]);
+        port2.write(POOL_PAGES_OFFSET, &1u32.to_le_bytes());
+        assert_eq!(later.snapshot().bounce_pool.pages, None);
+        assert_eq!(later.snapshot().bounce_pool.pfn, Some(1));
         let json = serde_json::to_string(&port.save()).unwrap();
         let other = GuestReport::default();
         let back = StatusPort::from_snapshot(other.clone(), &serde_json::from_str(&json).unwrap());

@@ -29,9 +29,11 @@ pub fn shared_windows(
 ) -> Result<Vec<Range<u64>>, String> {
     let mut windows = Vec::new();
     let mut has_fs = false;
+    let mut has_port = false;
     for (_, state) in &devices.0 {
         match state {
             DeviceState::StatusPort(port) => {
+                has_port = true;
                 let pool = port
                     .bounce_pool
                     .range()
@@ -64,6 +66,9 @@ pub fn shared_windows(
     }
     if !has_fs {
         return Err("the template has no virtio-fs device".into());
+    }
+    if !has_port {
+        return Err("the template has no status port".into());
     }
     let windows = union(windows);
     let inside = |w: &Range<u64>| {
@@ -195,5 +200,8 @@ mod tests {
         assert!(shared_windows(&huge, &layout()).is_err());
         let no_fs = DeviceStates(vec![port(Some(1), Some(1))]);
         assert!(shared_windows(&no_fs, &layout()).is_err());
+        let no_port = DeviceStates(vec![rings()]);
+        let why = shared_windows(&no_port, &layout()).unwrap_err();
+        assert!(why.contains("no status port"), "{why}");
     }
 }

@@ -52,19 +52,26 @@ pub fn restore_loaded(
             None,
         )
     } else {
-        match fs_windows::shared_windows(&state.devices, &state.regions) {
-            // virtiofsd maps guest memory too (MAP_SHARED), which a
-            // private mapping of the file cannot be; but all it is ever
-            // given lies in the bounce pool and the rings: only those are
-            // shared (a copy of their data), the rest mapped as above.
-            Ok(windows) => {
-                let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
-                let backend = memory::share_windows(&memory, &state.regions, &mem, &windows)?;
+        // virtiofsd maps guest memory too (MAP_SHARED), which a private
+        // mapping of the file cannot be; but all it is ever given lies in
+        // the bounce pool and the rings: only those are shared (a copy of
+        // their data), the rest mapped as above.
+        let windowed =
+            fs_windows::shared_windows(&state.devices, &state.regions).and_then(|windows| {
+                let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)
+                    .map_err(|e| e.to_string())?;
+                let backend = memory::share_windows(&memory, &state.regions, &mem, &windows)
+                    .map_err(|e| e.to_string())?;
+                Ok((mem, backend))
+            });
+        match windowed {
+            Ok((mem, backend)) => {
                 let phase = "guest memory mapped from the template, its virtio-fs windows shared";
                 (mem, phase, Vec::new(), Some(backend))
             }
-            // A template without them (its guest reported no pool): a
-            // memfd with a copy of all its data, which virtiofsd maps whole.
+            // A template without them (its guest reported no pool), or
+            // windows that could not be made: a memfd with a copy of all
+            // its data, which virtiofsd maps whole.
             Err(why) => {
                 eprintln!("mvm: warning: guest memory is copied for virtiofsd: {why}");
                 let (mem, copied) =

@@ -34,9 +34,9 @@ use crate::virtio::state::VirtioDeviceSnapshot;
 /// The ring features the guest may use: the backend implements the rings,
 /// so these only need the backend's say-so; nothing else (no DAX window,
 /// no notification data) is offered. Not indirect descriptors either: with
-/// them a queue could have 1024 requests of up to a megabyte each in
+/// them a queue could have 256 requests of up to a megabyte each in
 /// flight, more than the guest's bounce pool holds (see
-/// `mvm_protocol::boot::BOUNCE_PARAM`); without them, at most 1024 pages.
+/// `mvm_protocol::boot::BOUNCE_PARAM`); without them, at most 256 buffers.
 const PASSED_THROUGH: u64 = (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX);
 
 /// Offered by the device itself, never passed to the backend: the guest

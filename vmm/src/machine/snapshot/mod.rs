@@ -38,7 +38,7 @@ use vm_state::VmState;
 
 /// Bumped whenever what is saved, or how, changes: an older snapshot is
 /// then refused rather than misread.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 const MANIFEST: &str = "manifest.json";
 const STATE: &str = "state.json";

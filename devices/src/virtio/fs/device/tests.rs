@@ -25,9 +25,12 @@ use crate::virtio::{Interrupt, MmioTransport};
 
 const TAG: &str = "work";
 const MEM_SIZE: usize = 0x10000;
-/// VERSION_1, PROTOCOL_FEATURES and EVENT_IDX.
-const BACKEND_FEATURES: u64 =
-    (1 << VIRTIO_F_VERSION_1) | (1 << 30) | (1 << VIRTIO_RING_F_EVENT_IDX);
+/// VERSION_1, PROTOCOL_FEATURES, EVENT_IDX, and ACCESS_PLATFORM, which a
+/// backend may offer and must still not be given (the guest's business).
+const BACKEND_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << 30)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | (1 << VIRTIO_F_ACCESS_PLATFORM);
 const QUEUE_NUM: u16 = 16;
 /// Each queue's descriptor table; its avail ring is at +0x400, its used
 /// ring at +0x800.
@@ -234,14 +237,16 @@ fn running(mem: &GuestMemoryMmap) -> Fs {
     let mut fs = fs_with(mem, MmioTransport::new).unwrap();
     start_driver(&mut fs.t);
     assert_eq!(fs.t.status(), RUNNING);
-    assert_rings_handed_over(&fs.backend, mem);
+    let got = assert_rings_handed_over(&fs.backend, mem);
+    // All of guest memory, the file from its start.
+    assert_eq!(memory_table(&got, mem), [(0, MEM_SIZE as u64, 0)]);
     fs
 }
 
 /// The backend got the memory table and, for every queue, its size, its
 /// rings (at their host addresses in `mem`), position 0, both eventfds and
 /// the enable, in that order.
-fn assert_rings_handed_over(backend: &FakeBackend, mem: &GuestMemoryMmap) {
+fn assert_rings_handed_over(backend: &FakeBackend, mem: &GuestMemoryMmap) -> Vec<Msg> {
     let got = backend.until(FrontendReq::SET_VRING_ENABLE, QUEUE_COUNT as u32 - 1);
     let features = got
         .iter()
@@ -294,6 +299,28 @@ fn assert_rings_handed_over(backend: &FakeBackend, mem: &GuestMemoryMmap) {
         assert_eq!(got[order[2]].u32_at(4), Some(0), "queue {queue} position");
         assert_eq!(got[order[5]].u32_at(4), Some(1), "queue {queue} enabled");
     }
+    got
+}
+
+/// The regions of a SET_MEM_TABLE (`u32 count, u32 padding`, then per
+/// region guest address, size, user address, mmap offset): the first of
+/// `got`.
+fn memory_table(got: &[Msg], mem: &GuestMemoryMmap) -> Vec<(u64, u64, u64)> {
+    let table = got
+        .iter()
+        .find(|m| m.req == FrontendReq::SET_MEM_TABLE)
+        .expect("SET_MEM_TABLE");
+    let count = table.u32_at(0).unwrap() as usize;
+    (0..count)
+        .map(|i| {
+            let at = 8 + 32 * i;
+            let field = |n: usize| table.u64_at(at + 8 * n).unwrap();
+            let gpa = field(0);
+            let hva = mem.get_host_address(GuestAddress(gpa)).unwrap() as u64;
+            assert_eq!(field(2), hva, "region {i}: not where this process maps it");
+            (gpa, field(1), field(3))
+        })
+        .collect()
 }
 
 #[test]
@@ -496,7 +523,9 @@ fn private_memory_with_shared_windows_hands_the_backend_only_the_windows() {
     .unwrap();
     start_driver(&mut fs.t);
     assert_eq!(fs.t.status(), RUNNING);
-    assert_rings_handed_over(&fs.backend, &mem);
+    let got = assert_rings_handed_over(&fs.backend, &mem);
+    // The window alone (gpa, size, file offset), not the memory around.
+    assert_eq!(memory_table(&got, &mem), [(0x1000, 0x3000, 0x1000)]);
 }
 
 #[test]
