@@ -39,7 +39,19 @@ pub const BOUNCE_POOL_PAGES_OFFSET: u16 = 12;
 /// (`CONFIG_SWIOTLB_DYNAMIC`, off in mvm's kernel): virtiofsd could not
 /// map a buffer outside it. The kernel zeroes the pool at boot, which
 /// costs a cold boot in the test host (docs/snapshots.md).
-pub const BOUNCE_PARAM: &str = "swiotlb=4096,force";
+///
+/// The pool is cut into 4 areas of 2 MiB (the `4`), each with its own
+/// lock and its own next-fit cursor, and a vCPU takes its buffers from
+/// area `cpu % 4`, going on to the others only when its own is full.
+/// The kernel's default is one area per possible CPU: one area for mvm's
+/// one-vCPU machine, whose cursor then walks the whole 8 MiB, so a
+/// workspace read of more than 8 MiB touches every page of the pool (and
+/// a restored machine pays for each as a fresh page of the shared
+/// window). With 4 areas that machine walks 2 MiB, room for two queues
+/// full of page buffers, and the pool's size is the same. A machine of
+/// more than 4 vCPUs shares areas between them (more contention on an
+/// area's lock, not less room).
+pub const BOUNCE_PARAM: &str = "swiotlb=4096,4,force";
 /// Also passed with [`BOUNCE_PARAM`]: x86 Linux logs where the pool lies
 /// ([`BOUNCE_POOL_LOG`]) only when software bounce buffering is its
 /// IOMMU choice (`pci_iommu_init`); a guest without an IOMMU loses
@@ -332,6 +344,28 @@ mod tests {
                 digit: 'g'
             }
         );
+    }
+
+    #[test]
+    fn the_bounce_pool_is_8_mib_in_areas_that_each_hold_two_full_queues() {
+        // Read as the kernel reads it (`setup_io_tlb_npages`): slabs,
+        // areas, then `force`.
+        let value = BOUNCE_PARAM.strip_prefix("swiotlb=").unwrap();
+        let fields: Vec<&str> = value.split(',').collect();
+        let [slabs, areas, "force"] = fields[..] else {
+            panic!("{BOUNCE_PARAM}");
+        };
+        let (slabs, areas): (u64, u64) = (slabs.parse().unwrap(), areas.parse().unwrap());
+        const SLAB: u64 = 2048;
+        assert_eq!(slabs * SLAB, 8 << 20);
+        // The kernel rounds an area count up to a power of two, and cuts
+        // it where an area would hold fewer than one largest mapping
+        // (IO_TLB_SEGSIZE, 128 slabs): then the count written here is not
+        // the one in use.
+        assert!(areas.is_power_of_two(), "{areas}");
+        assert!(slabs / areas >= 128, "{areas}");
+        // A vCPU's own area holds two virtio-fs queues of 256 page buffers.
+        assert!(slabs / areas * SLAB >= 2 * 256 * 4096, "{areas}");
     }
 
     #[test]
