@@ -140,8 +140,28 @@ impl Egress {
         }
     }
 
+    /// The summary once it counts every line in the log: the proxy
+    /// writes a record's line, then the summary, so a summary read right
+    /// after the line was seen can be one record behind.
     pub fn summary(&self) -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(&self.summary).unwrap()).unwrap()
+        let start = Instant::now();
+        loop {
+            let summary: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&self.summary).unwrap()).unwrap();
+            let logged = std::fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .lines()
+                .count() as u64;
+            if summary["requests"].as_u64() >= Some(logged) {
+                return summary;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the summary counts {} requests, the log has {logged} lines: {summary}",
+                summary["requests"]
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn alive(&mut self) -> bool {
