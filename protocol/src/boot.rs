@@ -42,13 +42,15 @@ pub const BOUNCE_POOL_PAGES_OFFSET: u16 = 12;
 ///
 /// The pool is cut into 4 areas of 2 MiB (the `4`), each with its own
 /// lock and its own next-fit cursor, and a vCPU takes its buffers from
-/// area `cpu % 4`, going on to the others only when its own is full.
+/// area `cpu % 4`, going on to the others only when no free run of slabs
+/// there fits the buffer.
 /// The kernel's default is one area per possible CPU: one area for mvm's
 /// one-vCPU machine, whose cursor then walks the whole 8 MiB, so a
 /// workspace read of more than 8 MiB touches every page of the pool (and
 /// a restored machine pays for each as a fresh page of the shared
-/// window). With 4 areas that machine walks 2 MiB, room for two queues
-/// full of page buffers, and the pool's size is the same. A machine of
+/// window). With 4 areas that machine walks 2 MiB, twice what the
+/// request queue can have in flight (256 page buffers, 1 MiB), and the
+/// pool's size is the same. A machine of
 /// more than 4 vCPUs shares areas between them (more contention on an
 /// area's lock, not less room).
 pub const BOUNCE_PARAM: &str = "swiotlb=4096,4,force";
@@ -347,7 +349,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bounce_pool_is_8_mib_in_areas_that_each_hold_two_full_queues() {
+    fn the_bounce_pool_is_8_mib_in_areas_that_each_hold_twice_a_full_queue() {
         // Read as the kernel reads it (`setup_io_tlb_npages`): slabs,
         // areas, then `force`.
         let value = BOUNCE_PARAM.strip_prefix("swiotlb=").unwrap();
@@ -358,13 +360,14 @@ mod tests {
         let (slabs, areas): (u64, u64) = (slabs.parse().unwrap(), areas.parse().unwrap());
         const SLAB: u64 = 2048;
         assert_eq!(slabs * SLAB, 8 << 20);
-        // The kernel rounds an area count up to a power of two, and cuts
-        // it where an area would hold fewer than one largest mapping
-        // (IO_TLB_SEGSIZE, 128 slabs): then the count written here is not
-        // the one in use.
+        // The kernel rounds an area count up to a power of two, and where
+        // an area would hold fewer slabs than one largest mapping
+        // (IO_TLB_SEGSIZE, 128) it grows the pool to fit: then neither the
+        // count nor the size written here is the one in use.
         assert!(areas.is_power_of_two(), "{areas}");
         assert!(slabs / areas >= 128, "{areas}");
-        // A vCPU's own area holds two virtio-fs queues of 256 page buffers.
+        // A vCPU's own area holds twice what the virtio-fs request queue
+        // can have in flight: 256 page buffers.
         assert!(slabs / areas * SLAB >= 2 * 256 * 4096, "{areas}");
     }
 

@@ -302,8 +302,8 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
     // A 16 MiB read walks the 2 MiB area of the pool that belongs to the
     // machine's one vCPU, not all 8 MiB: virtiofsd, which writes the
     // file's data into the pool, has little more than 2 MiB of its
-    // windows resident. The control, the kernel's default of one area
-    // for one vCPU, shows the count sees the whole pool.
+    // windows resident. The control, one area (`,1,`: what the kernel's
+    // default gives one vCPU), shows the count sees the whole pool.
     let resident = |prefix: &str| -> (String, u64) {
         let l = line(prefix);
         let l = l.first().unwrap_or_else(|| panic!("{prefix}: {text}"));
