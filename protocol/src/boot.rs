@@ -43,16 +43,15 @@ pub const BOUNCE_POOL_PAGES_OFFSET: u16 = 12;
 /// The pool is cut into 4 areas of 2 MiB (the `4`), each with its own
 /// lock and its own next-fit cursor, and a vCPU takes its buffers from
 /// area `cpu % 4`, going on to the others only when no free run of slabs
-/// there fits the buffer.
-/// The kernel's default is one area per possible CPU: one area for mvm's
-/// one-vCPU machine, whose cursor then walks the whole 8 MiB, so a
-/// workspace read of more than 8 MiB touches every page of the pool (and
-/// a restored machine pays for each as a fresh page of the shared
-/// window). With 4 areas that machine walks 2 MiB, twice what the
-/// request queue can have in flight (256 page buffers, 1 MiB), and the
-/// pool's size is the same. A machine of
-/// more than 4 vCPUs shares areas between them (more contention on an
-/// area's lock, not less room).
+/// there fits the buffer. The kernel's default is one area per possible
+/// CPU: one area for mvm's one-vCPU machine, whose cursor then walks the
+/// whole 8 MiB, so a workspace read of more than 8 MiB touches every
+/// page of the pool (and a restored machine pays for each as a fresh
+/// page of the shared window). With 4 areas that machine walks 2 MiB,
+/// twice what the request queue can have in flight (256 page buffers,
+/// 1 MiB), and the pool's size is the same. A machine of more than 4
+/// vCPUs shares areas between them (more contention on an area's lock,
+/// not less room).
 pub const BOUNCE_PARAM: &str = "swiotlb=4096,4,force";
 /// Also passed with [`BOUNCE_PARAM`]: x86 Linux logs where the pool lies
 /// ([`BOUNCE_POOL_LOG`]) only when software bounce buffering is its

@@ -45,9 +45,13 @@ echo "bounce: $(grep -c 'warning' /run/tmp/b.err) warning(s) restored $(grep -c 
 
 echo "host-clock: $(date +%s)"
 dd if=/dev/zero of="$B/big2" bs=1M count=10 2>/dev/null
-pool_kib() {
+vf_procs() {
   for p in /proc/[0-9]*; do
-    tr '\0' ' ' 2>/dev/null <$p/cmdline | grep -q '^/[^ ]*virtiofsd' || continue
+    tr '\0' ' ' 2>/dev/null <$p/cmdline | grep -q '^/[^ ]*virtiofsd' && echo $p
+  done
+}
+pool_kib() {
+  for p in $(vf_procs); do
     t=$(awk '/^[0-9a-f]+-[0-9a-f]+ /{m=/memfd:/} m&&/^Rss:/{t+=$2} END{print t+0}' $p/smaps 2>/dev/null)
     [ $t -gt 0 ] && echo $t
   done
@@ -88,9 +92,8 @@ MVM_TEMPLATES=$H/t $MVM run $D --console --timeout 60 --print-stats -- echo afte
 echo "held restore: status $? $(cat $H/r.out) restored $(grep -c 'boot to init: none' $H/r.err) stale $(grep -c 'ended before the host.s hello' $H/r.err)"
 
 vf_kib() {
-  for p in /proc/[0-9]*; do
-    tr '\0' ' ' <$p/cmdline 2>/dev/null | grep -q '^/[^ ]*virtiofsd' || continue
-    t=0; for r in $(grep memfd: $p/maps | cut -d' ' -f1); do t=$((t + (0x${r#*-} - 0x${r%-*}) / 1024)); done
+  for p in $(vf_procs); do
+    t=0; for r in $(grep memfd: $p/maps 2>/dev/null | cut -d' ' -f1); do t=$((t + (0x${r#*-} - 0x${r%-*}) / 1024)); done
     [ $t -gt 0 ] && echo $t
   done
 }
