@@ -53,7 +53,9 @@ SETUP_PREFIX = "mvm (test host): setup: "
 GUEST_MIB = 512  # mvm's default --memory; QEMU gets the same
 # mvm's own guest command line for `mvm run` is "panic=-1 oops=panic
 # nomodules quiet mvm.agent=1" plus what its devices add (console=ttyS0
-# 8250.nr_uarts=1 reboot=k virtio_mmio.device=...). QEMU's microvm has no
+# 8250.nr_uarts=1 reboot=k virtio_mmio.device=..., and swiotlb=noforce, which
+# changes nothing in a guest of 512 MiB: no DMA pool without it either, as
+# in QEMU's). QEMU's microvm has no
 # i8042, so the guest resets by triple fault (reboot=t), and the command
 # comes from mvm.cmd (hex of "true") since QEMU has no exec agent.
 QEMU_APPEND = ("panic=-1 oops=panic nomodules quiet console=ttyS0 8250.nr_uarts=1 reboot=t "

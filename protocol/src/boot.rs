@@ -19,26 +19,27 @@ pub const EXIT_STATUS_OFFSET: u16 = 4;
 /// Offsets of two 32-bit registers where guest-init reports, before its
 /// ready marker, where the kernel put its DMA bounce pool (swiotlb): the
 /// pool's first page frame number and its length in pages. Every buffer a
-/// virtio-fs device sees lies in that pool (the VMM boots such a guest
-/// with [`BOUNCE_PARAM`] and offers the device `VIRTIO_F_ACCESS_PLATFORM`),
-/// so a machine restored from a template need share only the pool and the
-/// device's rings with virtiofsd (docs/snapshots.md). Each register keeps
-/// its first value.
+/// virtio-fs device sees lies in that pool (the VMM boots a guest that
+/// becomes a template with [`BOUNCE_PARAM`] and offers the device
+/// `VIRTIO_F_ACCESS_PLATFORM`), so a machine restored from a template
+/// need share only the pool and the device's rings with virtiofsd
+/// (docs/snapshots.md). Each register keeps its first value.
 pub const BOUNCE_POOL_PFN_OFFSET: u16 = 8;
 pub const BOUNCE_POOL_PAGES_OFFSET: u16 = 12;
-/// The kernel parameter that makes every device that uses the DMA API
-/// (here only virtio-fs: it alone is offered `VIRTIO_F_ACCESS_PLATFORM`)
-/// bounce its buffers through a pool of this many 2 KiB slabs (8 MiB).
-/// What it must hold: without indirect descriptors a virtio-fs queue of
-/// 256 has at most 256 buffers in flight, each a page for file data, 1
-/// MiB. A request's arguments outside pages are one buffer of up to about
-/// 66 KiB (an extended attribute's value): a queue full of those (at
-/// least two buffers a request, so at most 128) could ask for more than
-/// the pool's 8 MiB, and a request that finds the pool full fails
-/// (ENOMEM). The kernel must not grow the pool elsewhere
+/// The kernel parameter, given only to a machine with virtio-fs devices
+/// that may be saved as a template, that makes every device that uses the
+/// DMA API (here only virtio-fs: it alone is offered
+/// `VIRTIO_F_ACCESS_PLATFORM`) bounce its buffers through a pool of this
+/// many 2 KiB slabs (8 MiB). What it must hold: without indirect
+/// descriptors a virtio-fs queue of 256 has at most 256 buffers in flight,
+/// each a page for file data, 1 MiB. A request's arguments outside pages
+/// are one buffer of up to about 66 KiB (an extended attribute's value): a
+/// queue full of those (at least two buffers a request, so at most 128)
+/// could ask for more than the pool's 8 MiB, and a request that finds the
+/// pool full fails (ENOMEM). The kernel must not grow the pool elsewhere
 /// (`CONFIG_SWIOTLB_DYNAMIC`, off in mvm's kernel): virtiofsd could not
 /// map a buffer outside it. The kernel zeroes the pool at boot, which
-/// costs a cold boot in the test host (docs/snapshots.md).
+/// costs the boot of the run that makes a template (docs/snapshots.md).
 ///
 /// The pool is cut into 4 areas of 2 MiB (the `4`), each with its own
 /// lock and its own next-fit cursor, and a vCPU takes its buffers from
@@ -58,6 +59,13 @@ pub const BOUNCE_PARAM: &str = "swiotlb=4096,4,force";
 /// IOMMU choice (`pci_iommu_init`); a guest without an IOMMU loses
 /// nothing by it.
 pub const BOUNCE_LOG_PARAM: &str = "iommu=soft";
+/// Passed instead of [`BOUNCE_PARAM`] to every other machine: no pool at
+/// all. Without it a guest whose RAM reaches above 4 GiB (mvm puts RAM
+/// above 3.25 GiB there) gets the kernel's default pool of 64 MiB,
+/// zeroed at boot, which nothing of mvm's needs: no device but virtio-fs
+/// uses the DMA API, and without an IOMMU that maps a buffer where it
+/// lies.
+pub const NO_BOUNCE_PARAM: &str = "swiotlb=noforce";
 /// What the kernel logs when it has made the pool (`software IO TLB:
 /// mapped [mem 0x...-0x...] (16MB)`), the one place that says where it
 /// lies.

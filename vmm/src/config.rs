@@ -45,6 +45,14 @@ pub struct VmConfig {
     /// guest frees back to the host (a long-lived machine: a named
     /// sandbox).
     pub free_page_reporting: bool,
+    /// Whether the guest bounces every virtio-fs buffer through one DMA
+    /// pool (`mvm_protocol::boot::BOUNCE_PARAM`): what a machine saved as
+    /// a template needs, since a restore shares only that pool and the
+    /// rings with virtiofsd (docs/snapshots.md). A machine that is never
+    /// saved is booted with no pool (`mvm_protocol::boot::NO_BOUNCE_PARAM`)
+    /// and spared its cost: 8 MiB of guest RAM that the kernel zeroes at
+    /// boot, and a copy of every buffer.
+    pub fs_bounce_pool: bool,
 }
 
 /// A read-only EROFS image the guest mounts as the lower layer of its

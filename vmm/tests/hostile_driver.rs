@@ -257,6 +257,7 @@ fn run(test: &str, code: Vec<u8>, disk: &[u8]) -> Option<(Outcome, String)> {
         root_dir: None,
         sandbox_disk: None,
         free_page_reporting: true,
+        fs_bounce_pool: false,
     };
     let out = Captured::default();
     let mut machine = boot::boot(&cfg, ConsoleOutput::new(Box::new(out.clone()))).unwrap();
@@ -685,6 +686,7 @@ fn a_broken_virtio_fs_queue_stops_the_vm_and_virtiofsd_with_one_line() {
         root_disk: None,
         root_dir: None,
         sandbox_disk: None,
+        fs_bounce_pool: false,
         free_page_reporting: false,
     };
     let out = Captured::default();

@@ -33,6 +33,7 @@ fn config(kernel: &vmm_sys_util::tempfile::TempFile, vcpus: u8) -> VmConfig {
         root_dir: None,
         sandbox_disk: None,
         free_page_reporting: false,
+        fs_bounce_pool: false,
     }
 }
 

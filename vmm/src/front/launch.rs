@@ -162,7 +162,13 @@ pub(super) fn launch(
             }),
             None,
         ),
-        Plan::Create(creating) => (boot::boot(&config, console), Some(creating)),
+        // Only a machine that becomes a template bounces its virtio-fs
+        // buffers through the pool that its restores share with virtiofsd
+        // (a restored one has the template's).
+        Plan::Create(creating) => {
+            config.fs_bounce_pool = true;
+            (boot::boot(&config, console), Some(creating))
+        }
         Plan::Cold => (boot::boot(&config, console), None),
     };
     let mut machine = match built {

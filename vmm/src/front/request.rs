@@ -216,6 +216,7 @@ mod tests {
             root_dir: None,
             sandbox_disk: None,
             free_page_reporting: false,
+            fs_bounce_pool: false,
         }
     }
 

@@ -355,6 +355,7 @@ mod tests {
         VmConfig {
             sandbox_disk: None,
             free_page_reporting: false,
+            fs_bounce_pool: false,
             kernel,
             initrd: None,
             cmdline: "panic=-1".into(),

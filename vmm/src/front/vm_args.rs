@@ -77,6 +77,7 @@ impl VmArgs {
         Ok(VmConfig {
             sandbox_disk: None,
             free_page_reporting: false,
+            fs_bounce_pool: false,
             kernel,
             initrd,
             cmdline,

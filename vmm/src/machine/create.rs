@@ -92,6 +92,9 @@ pub fn create(
         let on_hangup = Box::new(move |why: String| stop.stop(StopReason::Failed(why)));
         fs::attach_fs(&mut env, share, on_hangup)?;
     }
+    // The user's own parameters (config.cmdline) come after these
+    // (boot::build_cmdline), so they may override them.
+    env.cmdline_extra.extend(fs::bounce_params(config));
     // Last, so that every other device keeps its slot with or without it.
     if config.free_page_reporting {
         balloon::attach_balloon(&mut env)?;

@@ -41,7 +41,8 @@ const PASSED_THROUGH: u64 = (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVEN
 
 /// Offered by the device itself, never passed to the backend: the guest
 /// then maps every buffer through its DMA API, which the kernel's
-/// `swiotlb=force` turns into a copy through its bounce pool. The
+/// `swiotlb=force` (given to a machine that becomes a template) turns
+/// into a copy through its bounce pool; without it, a no-op. The
 /// addresses stay guest-physical (there is no IOMMU), so the backend needs
 /// to know nothing of it; what it gains is that every buffer it is given
 /// lies in the pool (`BackendMemory`).
