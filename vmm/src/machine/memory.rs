@@ -113,14 +113,21 @@ fn check_layout(layout: &[RegionLayout], mem_size: u64) -> Result<(), Error> {
 /// Guest RAM from a snapshot's memory file, mapped privately: a page is
 /// read from the file when the guest first touches it, nothing up front,
 /// and the guest's writes stay in this process (copy on write), never
-/// reaching the file another VM may be restored from. The layout must be
-/// exactly that of a fresh guest of `mem_size`.
+/// reaching the file another VM may be restored from. The file's holes
+/// (pages the guest never wrote before the snapshot: most of its RAM)
+/// are not mapped from the file but from a fresh memfd ([`map_holes`]).
+/// The layout must be exactly that of a fresh guest of `mem_size`.
 pub fn from_snapshot(
     file: &File,
     layout: &[RegionLayout],
     mem_size: u64,
 ) -> Result<GuestMemoryMmap, Error> {
     check_layout(layout, mem_size)?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| Error::Map(e.to_string()))?
+        .len();
+    let fresh = memfd(file_len).map_err(|e| Error::Memfd(mem_size >> 20, e))?;
     let mut regions = Vec::with_capacity(layout.len());
     for r in layout {
         let handle = file.try_clone().map_err(|e| Error::Map(e.to_string()))?;
@@ -130,11 +137,70 @@ pub fn from_snapshot(
             .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
             .build()
             .map_err(|e| Error::Map(e.to_string()))?;
+        map_holes(file, r, mapping.as_ptr(), &fresh)?;
         let region = GuestRegionMmap::new(mapping, GuestAddress(r.guest_addr))
             .ok_or_else(|| Error::Map(format!("region at {:#x} overflows", r.guest_addr)))?;
         regions.push(region);
     }
     GuestMemoryMmap::from_regions(regions).map_err(|e| Error::Map(e.to_string()))
+}
+
+/// Maps `fresh`, a memfd at least as long as `file`, shared over the holes
+/// of `file` in region `r`, whose private mapping of `file` starts at
+/// `host`; each at its own file offset, so the memfd's pages stand exactly
+/// for the file's missing ones (zeros until the guest writes them).
+///
+/// Why: the guest often reads a free page before it first writes it (its
+/// DMA bounce buffers copy the destination in before the device fills
+/// it). Mapped privately from the file, that read maps a page that is not
+/// this process's own (the file's, or the zero page) read-only, and the
+/// write then copies it: KVM must unmap the old page from the guest and
+/// flush the guest's TLB, and the guest faults once more: three faults
+/// and a TLB flush per page, measured (docs/snapshots.md), against one
+/// fault for shared memory, whose first read already allocates the page
+/// this process keeps. On tmpfs the read would also allocate the page in
+/// the template file itself, which then grew with every restore.
+fn map_holes(file: &File, r: &RegionLayout, host: *mut u8, fresh: &File) -> Result<(), Error> {
+    let end = r.file_offset + r.len;
+    let extents = data_extents(file, r.file_offset, end)
+        .map_err(|e| Error::Map(format!("cannot find the template's holes: {e}")))?;
+    let mut at = r.file_offset;
+    let mut holes = Vec::with_capacity(extents.len() + 1);
+    for extent in extents.iter().chain(std::iter::once(&(end..end))) {
+        // A page that holds any data is the file's: round the hole inwards.
+        let start = extent.start / PAGE * PAGE;
+        if start > at {
+            holes.push(at..start);
+        }
+        at = at.max(extent.end.div_ceil(PAGE) * PAGE);
+    }
+    for hole in holes {
+        let len = (hole.end - hole.start) as usize;
+        // SAFETY: hole lies inside r's file range (data_extents clips to
+        // it, and the rounding stays between extents), so host + offset
+        // .. + len lies inside the region's mapping, just made and owned
+        // by the caller; MAP_FIXED replaces exactly those pages with as
+        // many of the memfd's, readable and writable as before. Nothing
+        // has touched the mapping yet and no vCPU exists to read it.
+        let mapped = unsafe {
+            libc::mmap(
+                host.add((hole.start - r.file_offset) as usize).cast(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fresh.as_raw_fd(),
+                hole.start as libc::off_t,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(Error::Map(format!(
+                "cannot map fresh memory over the template's hole at {:#x}: {}",
+                hole.start,
+                io::Error::last_os_error()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Shares `windows` (page-aligned guest-physical ranges, each inside one

@@ -40,27 +40,36 @@ pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), Refused
     let host = region
         .get_host_address(MemoryRegionAddress(offset))
         .map_err(|_| outside())?;
-    // Shared guest memory is a memfd a vhost-user backend maps too:
-    // MADV_REMOVE punches the hole in the file itself, so the pages go
-    // for both mappings. That is right only because every shared guest
-    // mapping is such a memfd (machine/memory.rs): a snapshot file is
-    // always mapped privately, and must stay so. Private memory's pages
-    // are this process's own: anonymous ones come back as zeros, those of
-    // a privately mapped snapshot file as the file's bytes (the file is
-    // never written).
-    let advice = if region.flags() & libc::MAP_SHARED != 0 {
-        libc::MADV_REMOVE
-    } else {
-        libc::MADV_DONTNEED
+    // SAFETY (every call): host + at .. + n lies inside this region's
+    // mapping (host..host+len was checked above), which lives as long as
+    // `mem`. Discarding changes only the contents of guest pages, which
+    // Rust code reaches through volatile accesses only (no reference into
+    // guest memory is held), and the driver gave these pages up until the
+    // chain comes back used.
+    let advise = |at: u64, n: u64, advice| unsafe {
+        libc::madvise(host.add(at as usize).cast(), n as usize, advice) == 0
     };
-    // SAFETY: host..host+len lies inside this region's mapping (checked
-    // above), which lives as long as `mem`. Discarding changes only the
-    // contents of guest pages, which Rust code reaches through volatile
-    // accesses only (no reference into guest memory is held), and the
-    // driver gave these pages up until the chain comes back used.
-    let rc = unsafe { libc::madvise(host.cast(), len as usize, advice) };
-    if rc != 0 {
+    // Shared memory is a memfd (machine/memory.rs: all of a machine a
+    // vhost-user backend maps, or a restored machine's fresh memory over
+    // its template's holes): MADV_REMOVE punches the hole in the memfd
+    // itself, so the pages go for every mapping of it. The kernel refuses
+    // it for a private mapping, and stops at the first in the range:
+    // EINVAL for anonymous memory, EACCES for a privately mapped template
+    // file (which is never written). MADV_DONTNEED then frees this
+    // process's private pages (anonymous ones come back as zeros, a
+    // template's as the file's bytes); a template's range mixes the two,
+    // so the memfd's pages there go page by page.
+    if advise(0, len, libc::MADV_REMOVE) {
+        return Ok(());
+    }
+    let mixed = io::Error::last_os_error().raw_os_error() == Some(libc::EACCES);
+    if region.flags() & libc::MAP_SHARED != 0 || !advise(0, len, libc::MADV_DONTNEED) {
         return Err(Refused::Madvise(io::Error::last_os_error()));
+    }
+    if mixed {
+        for at in (0..len).step_by(PAGE as usize) {
+            advise(at, PAGE, libc::MADV_REMOVE);
+        }
     }
     Ok(())
 }

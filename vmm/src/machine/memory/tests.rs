@@ -1,10 +1,13 @@
 //! Unit tests of `machine::memory`.
 
 use super::*;
+use std::fs;
 use std::path::PathBuf;
 use vm_memory::Bytes;
 
 use crate::machine::snapshot::layout;
+
+const MIB: u64 = 1 << 20;
 
 fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("mvm-memory-{}-{name}", std::process::id()))
@@ -180,7 +183,6 @@ fn shared_windows_hold_the_snapshots_data_and_are_the_backends_pages() {
 
 #[test]
 fn what_a_snapshot_reads_of_each_kind_of_memory() {
-    const MIB: u64 = 1 << 20;
     // Shared: the memfd's data extents, a page.
     let shared = create(64 * MIB, Backing::Shared).unwrap();
     shared.write_obj(7u8, GuestAddress(MIB + 5)).unwrap();
@@ -266,4 +268,120 @@ fn shared_memory_is_file_backed_at_consecutive_offsets() {
     );
     let private = create(64 << 20, Backing::Private).unwrap();
     assert!(private.iter().all(|r| r.file_offset().is_none()));
+}
+
+/// The smaps header line of this process's mapping that holds `addr`.
+fn mapping_of(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find(|l| {
+            let (range, _) = l.split_once(' ').unwrap();
+            let (lo, hi) = range.split_once('-').unwrap();
+            let lo = usize::from_str_radix(lo, 16).unwrap();
+            let hi = usize::from_str_radix(hi, 16).unwrap();
+            (lo..hi).contains(&addr)
+        })
+        .unwrap_or_else(|| panic!("no mapping holds {addr:#x}"))
+        .to_string()
+}
+
+/// A 64 MiB guest restored from a memory file (a real file, not a memfd:
+/// the one kind of file a template is) that holds "saved" at `at`.
+fn restored_64_mib(name: &str, at: u64) -> (PathBuf, File, GuestMemoryMmap) {
+    let path = scratch(name);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(64 * MIB).unwrap();
+    file.write_all_at(b"saved", at).unwrap();
+    let layout = layout(&create(64 * MIB, Backing::Private).unwrap());
+    let mem = from_snapshot(&file, &layout, 64 * MIB).unwrap();
+    (path, file, mem)
+}
+
+/// A restored guest's pages the template never held (its holes) are
+/// fresh shared memory, not the file's: the guest's first read of such a
+/// page then allocates the page it keeps, and its write costs no copy
+/// (memory.rs, `map_holes`). Its data pages stay private mappings of the
+/// file, and no write reaches the file.
+#[test]
+fn a_templates_holes_are_fresh_shared_memory_and_its_data_the_files() {
+    let (path, file, mem) = restored_64_mib("holes", 3 * MIB + 16);
+    let host = |gpa: u64| mem.get_host_address(GuestAddress(gpa)).unwrap() as usize;
+
+    let data = mapping_of(host(3 * MIB));
+    let hole = mapping_of(host(40 * MIB));
+    let name = path.to_str().unwrap();
+    assert!(data.ends_with(name) && data.contains(" rw-p "), "{data}");
+    assert!(
+        hole.contains("memfd:mvm-guest-ram") && hole.contains(" rw-s "),
+        "{hole}"
+    );
+    // The data page's own mapping is one page: the holes around it are
+    // the memfd's.
+    assert!(mapping_of(host(3 * MIB + PAGE)).contains("memfd:"));
+    assert!(mapping_of(host(3 * MIB - PAGE)).contains("memfd:"));
+
+    let mut saved = [0u8; 5];
+    mem.read_slice(&mut saved, GuestAddress(3 * MIB + 16))
+        .unwrap();
+    assert_eq!(&saved, b"saved");
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(40 * MIB)).unwrap(), 0);
+    mem.write_slice(b"guest", GuestAddress(3 * MIB + 16))
+        .unwrap();
+    mem.write_slice(b"guest", GuestAddress(40 * MIB)).unwrap();
+    let mut on_disk = [0u8; 5];
+    file.read_exact_at(&mut on_disk, 3 * MIB + 16).unwrap();
+    assert_eq!(&on_disk, b"saved", "a write reached the template");
+    let extents = data_extents(&file, 0, 64 * MIB).unwrap();
+    assert!(
+        extents.iter().all(|e| !e.contains(&(40 * MIB))),
+        "the hole's page went into the template: {extents:x?}"
+    );
+    fs::remove_file(&path).unwrap();
+}
+
+/// Free page reporting on a restored guest frees what it maps: the
+/// memfd's pages over the template's holes go from the memfd (not merely
+/// unmapped), the private copy of a data page goes and the file's bytes
+/// come back, in one reported block that spans both.
+#[test]
+fn discarding_a_restored_block_frees_its_fresh_pages_and_its_copies() {
+    use mvm_devices::virtio::balloon::discard::discard;
+    let (path, file, mem) = restored_64_mib("discard", 4 * MIB + PAGE);
+    drop(file);
+    let resident = |gpa: u64| {
+        let addr = mem.get_host_address(GuestAddress(gpa)).unwrap();
+        let mut v = 0u8;
+        // SAFETY: one page of a live mapping, one byte out.
+        assert_eq!(
+            unsafe { libc::mincore(addr.cast(), PAGE as usize, &mut v) },
+            0
+        );
+        v & 1 == 1
+    };
+    mem.write_slice(b"guest", GuestAddress(4 * MIB)).unwrap();
+    mem.write_slice(b"guest", GuestAddress(4 * MIB + PAGE))
+        .unwrap();
+    mem.write_slice(b"guest", GuestAddress(8 * MIB - PAGE))
+        .unwrap();
+    // The control: the probe sees both written hole pages.
+    assert!(resident(4 * MIB) && resident(8 * MIB - PAGE));
+
+    discard(&mem, 4 * MIB, 4 * MIB).unwrap();
+    assert!(!resident(4 * MIB), "the memfd kept the first hole page");
+    assert!(
+        !resident(8 * MIB - PAGE),
+        "the memfd kept the last hole page"
+    );
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(4 * MIB)).unwrap(), 0);
+    let mut back = [0u8; 5];
+    mem.read_slice(&mut back, GuestAddress(4 * MIB + PAGE))
+        .unwrap();
+    assert_eq!(&back, b"saved", "the data page is the file's again");
+    fs::remove_file(&path).unwrap();
 }
