@@ -122,6 +122,10 @@ pub fn create(
     let vcpus = (0..config.vcpus)
         .map(|id| Vcpu::new(&vm, id, msr_index.clone()))
         .collect::<Result<Vec<_>, _>>()?;
+    let counters = vcpus
+        .iter()
+        .filter_map(|v| Some((v.id(), v.counters()?)))
+        .collect();
     timeline.mark("vcpus created");
 
     let machine = Machine {
@@ -138,6 +142,7 @@ pub fn create(
         device_params: cmdline_extra,
         cmdline: String::new(),
         vcpus,
+        counters,
         handles: Vec::new(),
         timeline,
         restored: false,

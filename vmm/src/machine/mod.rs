@@ -21,6 +21,7 @@ mod fs_windows;
 mod huge_pages;
 pub mod kernel;
 pub mod kvm;
+mod kvm_counters;
 pub mod memory;
 pub mod outcome;
 mod prefault;
@@ -119,6 +120,8 @@ pub struct Machine {
     cmdline: String,
     /// Created and configured, not started yet.
     vcpus: Vec<Vcpu>,
+    /// Each vCPU's KVM counters, where KVM keeps them (kvm_counters.rs).
+    counters: Vec<(u8, kvm_counters::Counters)>,
     handles: Vec<VcpuHandle>,
     /// When each step of building and running it ended.
     timeline: Timeline,
@@ -401,6 +404,15 @@ impl Machine {
         }
         self.handles.clear();
         left
+    }
+
+    /// Each vCPU's plain KVM counters by name (kvm_counters.rs), read
+    /// now; empty where KVM keeps none.
+    pub fn kvm_counters(&self) -> Vec<(u8, std::io::Result<kvm_counters::Named>)> {
+        self.counters
+            .iter()
+            .map(|(id, c)| (*id, c.read()))
+            .collect()
     }
 
     /// Pages of guest memory resident in this process (mincore), in KiB:

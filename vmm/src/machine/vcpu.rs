@@ -362,6 +362,12 @@ impl Vcpu {
         super::prefault::prefault(&self.fd, ranges)
     }
 
+    /// Its KVM counters (kvm_counters.rs), opened now: the file stays
+    /// readable after confinement, which forbids the ioctl that opens it.
+    pub fn counters(&self) -> Option<super::kvm_counters::Counters> {
+        super::kvm_counters::Counters::open(&self.fd)
+    }
+
     /// Sets saved state on a vCPU that has not run yet.
     pub fn restore_state(&self, state: &VcpuState) -> Result<(), Error> {
         Ok(state.restore(&self.fd)?)
