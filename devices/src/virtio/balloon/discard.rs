@@ -58,7 +58,7 @@ pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), Refused
     // file (which is never written). MADV_DONTNEED then frees this
     // process's private pages (anonymous ones come back as zeros, a
     // template's as the file's bytes); a template's range mixes the two,
-    // so the memfd's pages there go page by page.
+    // so the memfd's pages there are found by halving it.
     if advise(0, len, libc::MADV_REMOVE) {
         return Ok(());
     }
@@ -67,9 +67,21 @@ pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), Refused
         return Err(Refused::Madvise(io::Error::last_os_error()));
     }
     if mixed {
-        for at in (0..len).step_by(PAGE as usize) {
-            advise(at, PAGE, libc::MADV_REMOVE);
-        }
+        remove_shared(&advise, 0, len);
     }
     Ok(())
+}
+
+/// MADV_REMOVE on the shared parts of `at..at + len`, a range the kernel
+/// refused it for as a whole: each half again, down to single pages. The
+/// calls grow with the number of mappings in the range (a template's data
+/// extents, fixed when it was restored), not with its length: two per
+/// level for each boundary, ten levels for a 4 MiB block.
+fn remove_shared(advise: &impl Fn(u64, u64, libc::c_int) -> bool, at: u64, len: u64) {
+    if advise(at, len, libc::MADV_REMOVE) || len <= PAGE {
+        return;
+    }
+    let half = len / PAGE / 2 * PAGE;
+    remove_shared(advise, at, half);
+    remove_shared(advise, at + half, len - half);
 }
