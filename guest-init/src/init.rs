@@ -83,7 +83,7 @@ fn boot_and_run(ports: &mut Option<Ports>) -> Result<u32, Error> {
     }
 
     if let Some(listener) = agent {
-        return Ok(agent::run(listener)?);
+        return Ok(agent::run(listener, ports.as_ref())?);
     }
     let launch = cmdline::parse(&line)?;
     chdir(&launch.workdir)?;

@@ -95,6 +95,12 @@ impl Ports {
         self.marker(boot::MARKER_INIT_READY);
     }
 
+    /// Tells the VMM that the machine is set up for its run and the
+    /// command is prepared and started next.
+    pub fn machine_set_up_marker(&self) {
+        self.marker(boot::MARKER_MACHINE_SET_UP);
+    }
+
     fn marker(&self, value: u8) {
         // SAFETY: `self` proves ioperm covers this port; the VMM handles the
         // write as a device access and no guest memory is touched.

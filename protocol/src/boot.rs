@@ -78,6 +78,13 @@ pub const MARKER_INIT_STARTED: u8 = 1;
 /// console) and the command starts next; the VMM holds console input
 /// until it comes.
 pub const MARKER_INIT_READY: u8 = 2;
+/// Marker written by the exec agent once it has set up the machine for
+/// its run (clock, entropy, the image root, the shares), just before it
+/// prepares and starts the command. A machine restored from a template
+/// records there which of its pages the run touched so far, for later
+/// restores to map ahead (docs/snapshots.md, "The pages a run touches
+/// first"): what comes after is the command's own.
+pub const MARKER_MACHINE_SET_UP: u8 = 3;
 
 // Both registers lie inside the range, and the markers differ.
 const _: () = assert!(MARKER_OFFSET < STATUS_PORT_LEN);
@@ -85,6 +92,8 @@ const _: () = assert!(EXIT_STATUS_OFFSET + 4 <= BOUNCE_POOL_PFN_OFFSET);
 const _: () = assert!(BOUNCE_POOL_PFN_OFFSET + 4 <= BOUNCE_POOL_PAGES_OFFSET);
 const _: () = assert!(BOUNCE_POOL_PAGES_OFFSET + 4 <= STATUS_PORT_LEN);
 const _: () = assert!(MARKER_INIT_STARTED != MARKER_INIT_READY);
+const _: () = assert!(MARKER_MACHINE_SET_UP != MARKER_INIT_STARTED);
+const _: () = assert!(MARKER_MACHINE_SET_UP != MARKER_INIT_READY);
 
 /// `mvm.cmd=<hex>`: argv joined with NUL bytes, hex-encoded.
 pub const CMD_PARAM: &str = "mvm.cmd";

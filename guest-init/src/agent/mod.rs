@@ -37,6 +37,7 @@ use self::handshake::Asked;
 use self::kernel_log::KernelLog;
 use self::relay::{Relay, RelayError};
 use crate::status::{HOST_GONE, INIT_FAILURE};
+use crate::vmm_port::Ports;
 use crate::{say, shutdown};
 
 /// Failures before there is a connection to report them on; init reports
@@ -59,7 +60,9 @@ pub fn listen() -> Result<OwnedFd, AgentError> {
 
 /// Serves the first connection on `listener` ([`listen`]), and with
 /// `keep_serving` every later one; returns the status for the status port.
-pub fn run(listener: OwnedFd) -> Result<u32, AgentError> {
+/// `ports` (where init has them) carry the marker that the machine is set
+/// up for its one command.
+pub fn run(listener: OwnedFd, ports: Option<&Ports>) -> Result<u32, AgentError> {
     let (conn, asked) = loop {
         let conn = vsock::accept(listener.as_fd()).map_err(AgentError::Accept)?;
         match greet(conn) {
@@ -84,6 +87,9 @@ pub fn run(listener: OwnedFd) -> Result<u32, AgentError> {
             drop(listener);
             if let Err(message) = prepare_machine(&request) {
                 return Ok(fail(conn, message));
+            }
+            if let Some(ports) = ports {
+                ports.machine_set_up_marker();
             }
             Ok(run_command(conn, &request, Last::Yes))
         }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use mvm_devices::virtio::vsock::GuestPort;
 use mvm_protocol::{ExecRequest, GUEST_CID};
 
+use super::first_pages::{self, FirstPages, Recorder};
 use super::request::machine_setup;
 use super::run::RunArgs;
 use super::template::{self, Creating, Plan};
@@ -56,6 +57,8 @@ pub(super) struct Launched {
     pub request: ExecRequest,
     /// The template this run makes, if it makes one.
     pub creating: Option<Creating>,
+    /// Where this run, restored, records the pages its set-up touches.
+    pub recorder: Option<Recorder>,
     /// Set when the guest's kernel killed a process for memory.
     pub oom_seen: Arc<AtomicBool>,
 }
@@ -151,25 +154,38 @@ pub(super) fn launch(
     };
     let console = ConsoleOutput::new(console);
     let oom_seen = console.oom_flag();
-    let (built, creating) = match plan {
-        Plan::Restore { key, loaded } => (
-            crate::machine::restore_loaded(&config, console, loaded).inspect_err(|_| {
-                // A template that passed its checks but does not fit this
-                // machine: the next run must not find it again.
-                if let Some(store) = template::store_dir() {
-                    template::remove(&store, &key);
-                }
-            }),
-            None,
-        ),
+    let (built, creating, recorder) = match plan {
+        Plan::Restore { key, dir, loaded } => {
+            // Recorded only where the agent sends the marker: `mvm run`'s
+            // one command, not a sandbox's or a served run's.
+            let may_record = templates.may_create() && !request.keep_serving;
+            let pages = first_pages::for_restore(&dir, config.mem_size, may_record);
+            let ahead = match &pages {
+                FirstPages::Ahead(set) => Some(set),
+                _ => None,
+            };
+            let restored = crate::machine::restore_loaded(&config, console, loaded, ahead)
+                .inspect_err(|_| {
+                    // A template that passed its checks but does not fit
+                    // this machine: the next run must not find it again.
+                    if let Some(store) = template::store_dir() {
+                        template::remove(&store, &key);
+                    }
+                });
+            let recorder = match pages {
+                FirstPages::Record(recorder) => Some(recorder),
+                _ => None,
+            };
+            (restored, None, recorder)
+        }
         // Only a machine that becomes a template bounces its virtio-fs
         // buffers through the pool that its restores share with virtiofsd
         // (a restored one has the template's).
         Plan::Create(creating) => {
             config.fs_bounce_pool = true;
-            (boot::boot(&config, console), Some(creating))
+            (boot::boot(&config, console), Some(creating), None)
         }
-        Plan::Cold => (boot::boot(&config, console), None),
+        Plan::Cold => (boot::boot(&config, console), None, None),
     };
     let mut machine = match built {
         Ok(machine) => machine,
@@ -232,6 +248,7 @@ pub(super) fn launch(
         egress,
         request,
         creating,
+        recorder,
         oom_seen,
     })
 }

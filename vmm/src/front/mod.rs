@@ -9,6 +9,7 @@ pub mod command_args;
 mod console_tail;
 pub mod egress;
 mod failure;
+mod first_pages;
 pub mod image;
 mod join;
 mod launch;

@@ -13,6 +13,7 @@ use mvm_protocol::ExecRequest;
 
 use super::command_args::CommandArgs;
 use super::console_tail;
+use super::first_pages;
 use super::launch::{launch, Launched, Spec, Templates};
 use super::request::{exec_request, root_disk, scratch_bytes};
 use super::template_save::{capture_at_ready, Ready, TemplateWriter};
@@ -306,6 +307,7 @@ fn run_in_vm(
         mut egress,
         request,
         creating,
+        recorder,
         oom_seen,
     } = launch(config, request, &spec, &mut front)?;
     front.mark("vmm confined");
@@ -357,6 +359,9 @@ fn run_in_vm(
                 writer.write(copy);
             }
         }
+    }
+    if let Some(recorder) = recorder {
+        first_pages::record_at_marker(&mut machine, recorder, deadline, &mut front)?;
     }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
     if let Some(at) = writer.and_then(TemplateWriter::finish) {

@@ -117,6 +117,14 @@ pub(crate) fn print_stats(
         );
     }
     print_process_stats(started);
+    if let Some((mapped, copied)) = machine.mapped_ahead() {
+        // docs/snapshots.md, "The pages a run touches first".
+        eprintln!(
+            "mvm: mapped ahead: {} KiB, the pages this template's runs touch first ({} KiB of them copied)",
+            mapped >> 10,
+            copied >> 10
+        );
+    }
     if let Some(kib) = machine.guest_resident_kib() {
         eprintln!("mvm: guest resident: {kib} KiB");
     }

@@ -139,8 +139,12 @@ pub enum Plan {
     /// Boot as always and save nothing (`--no-snapshot`, no usable store,
     /// or another run is making this template right now).
     Cold,
-    /// Restore this template instead of booting.
-    Restore { key: String, loaded: Loaded },
+    /// Restore this template (in `dir`) instead of booting.
+    Restore {
+        key: String,
+        dir: PathBuf,
+        loaded: Loaded,
+    },
     /// Boot, and save the machine as this template when guest-init is
     /// ready.
     Create(Creating),
@@ -180,7 +184,7 @@ pub fn plan(config: &VmConfig) -> Plan {
     let key = info.key();
     let dir = store.join(&key);
     if let Some(loaded) = load(&store, &key) {
-        return Plan::Restore { key, loaded };
+        return Plan::Restore { key, dir, loaded };
     }
     let lock = match lock(&store, &key) {
         Ok(Some(lock)) => lock,
@@ -196,7 +200,7 @@ pub fn plan(config: &VmConfig) -> Plan {
     };
     // It may have been finished while this run waited for nothing.
     if let Some(loaded) = load(&store, &key) {
-        return Plan::Restore { key, loaded };
+        return Plan::Restore { key, dir, loaded };
     }
     Plan::Create(Creating {
         key,

@@ -146,6 +146,7 @@ pub fn create(
         handles: Vec::new(),
         timeline,
         restored: false,
+        mapped_ahead: None,
         vsock_dialer,
     };
     Ok((machine, kvm))

@@ -540,4 +540,4 @@ fn swap_configured() -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -31,6 +31,7 @@ pub mod snapshot;
 pub mod stop;
 pub mod vcpu;
 pub mod vsock;
+pub mod working_set;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,6 +129,9 @@ pub struct Machine {
     /// Restored from a snapshot, not booted: guest-init's boot markers are
     /// the saved machine's.
     restored: bool,
+    /// Of a restored machine, the pages mapped ahead of its guest and
+    /// how many of them were copied (working_set.rs), in bytes.
+    mapped_ahead: Option<(u64, u64)>,
     /// The vsock device's in-process way in, until a front end takes it.
     vsock_dialer: Option<mvm_devices::virtio::vsock::Dialer>,
 }
@@ -171,6 +175,13 @@ impl Machine {
         }
     }
 
+    /// The pages of guest memory this process maps now
+    /// ([`working_set::WorkingSet::record`]): of a restored machine,
+    /// those its run touched so far.
+    pub fn working_set(&self, pagemap: &std::fs::File) -> std::io::Result<working_set::WorkingSet> {
+        working_set::WorkingSet::record(&self.mem, pagemap)
+    }
+
     /// Stops this machine from any thread.
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
@@ -190,6 +201,13 @@ impl Machine {
     /// When each step of building and running it ended.
     pub fn timeline(&self) -> &Timeline {
         &self.timeline
+    }
+
+    /// Of a restored machine, the bytes of guest memory mapped ahead of
+    /// its guest (the pages its template's runs touch first) and how
+    /// many of them were copied; None where there was no such set.
+    pub fn mapped_ahead(&self) -> Option<(u64, u64)> {
+        self.mapped_ahead
     }
 
     /// Whether it was restored from a snapshot rather than booted.

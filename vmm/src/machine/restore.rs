@@ -8,6 +8,7 @@ use std::path::Path;
 
 use super::create::{create, Restored};
 use super::snapshot::{self, Loaded};
+use super::working_set::WorkingSet;
 use super::{fs_windows, memory, Error, Machine};
 use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
@@ -17,15 +18,18 @@ use crate::timeline::Timeline;
 /// devices: a vsock device of the same CID); only host resources (the
 /// vsock socket path, the console) may differ.
 pub fn restore(config: &VmConfig, console: ConsoleOutput, dir: &Path) -> Result<Machine, Error> {
-    restore_loaded(config, console, snapshot::read(dir)?)
+    restore_loaded(config, console, snapshot::read(dir)?, None)
 }
 
 /// [`restore`] from a snapshot already read and checked (a template
-/// `mvm run` checked before starting anything else).
+/// `mvm run` checked before starting anything else), with the pages that
+/// runs from it touch first (`ahead`, recorded by an earlier one: see
+/// working_set.rs) mapped before its vCPUs run.
 pub fn restore_loaded(
     config: &VmConfig,
     console: ConsoleOutput,
     loaded: Loaded,
+    ahead: Option<&WorkingSet>,
 ) -> Result<Machine, Error> {
     let Loaded { state, memory } = loaded;
     if state.mem_size != config.mem_size || state.vcpus.len() != usize::from(config.vcpus) {
@@ -40,10 +44,11 @@ pub fn restore_loaded(
     // The pages to map into the VM ahead of the guest (prefault.rs).
     let (mem, memory_phase, prefault, fs_backend) = if config.shares.is_empty() {
         // Untouched pages come from the file through the page cache,
-        // shared with every machine restored from it. None is mapped
-        // ahead: KVM would map them read-only, and the guest's first write
-        // to each still exits, for its private copy (measured in
-        // docs/snapshots.md: no gain).
+        // shared with every machine restored from it. Not all of them
+        // are mapped ahead: KVM would map them read-only, and the guest's
+        // first write to each still exits, for its private copy (measured
+        // in docs/snapshots.md: no gain). Only the pages runs are known to
+        // touch first are (`ahead`, below), the written ones copied.
         let mem = memory::from_snapshot(&memory, &state.regions, config.mem_size)?;
         (
             mem,
@@ -82,6 +87,14 @@ pub fn restore_loaded(
     };
     let mut timeline = Timeline::default();
     timeline.mark(memory_phase);
+    let mut prefault = prefault;
+    let mapped_ahead = ahead.map(|set| {
+        let (ranges, copied) = set.map_ahead(&mem);
+        let bytes = ranges.iter().map(|r| r.end - r.start).sum();
+        prefault.extend(ranges);
+        timeline.mark("the pages runs touch first: the written ones copied");
+        (bytes, copied)
+    });
     let restored = Restored { mem, fs_backend };
     let (mut machine, _kvm) = create(
         config,
@@ -105,5 +118,6 @@ pub fn restore_loaded(
     machine.prefault(&prefault);
     machine.cmdline = state.cmdline;
     machine.restored = true;
+    machine.mapped_ahead = mapped_ahead;
     Ok(machine)
 }

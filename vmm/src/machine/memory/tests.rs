@@ -286,8 +286,12 @@ fn mapping_of(addr: usize) -> String {
 }
 
 /// A 64 MiB guest restored from a memory file (a real file, not a memfd:
-/// the one kind of file a template is) that holds "saved" at `at`.
-fn restored_64_mib(name: &str, at: u64) -> (PathBuf, File, GuestMemoryMmap) {
+/// the one kind of file a template is) that holds `data` (bytes at
+/// offsets), the rest holes.
+pub(crate) fn restored_64_mib(
+    name: &str,
+    data: &[(u64, &[u8])],
+) -> (PathBuf, File, GuestMemoryMmap) {
     let path = scratch(name);
     let file = fs::OpenOptions::new()
         .create(true)
@@ -297,7 +301,9 @@ fn restored_64_mib(name: &str, at: u64) -> (PathBuf, File, GuestMemoryMmap) {
         .open(&path)
         .unwrap();
     file.set_len(64 * MIB).unwrap();
-    file.write_all_at(b"saved", at).unwrap();
+    for (at, bytes) in data {
+        file.write_all_at(bytes, *at).unwrap();
+    }
     let layout = layout(&create(64 * MIB, Backing::Private).unwrap());
     let mem = from_snapshot(&file, &layout, 64 * MIB).unwrap();
     (path, file, mem)
@@ -310,7 +316,7 @@ fn restored_64_mib(name: &str, at: u64) -> (PathBuf, File, GuestMemoryMmap) {
 /// file, and no write reaches the file.
 #[test]
 fn a_templates_holes_are_fresh_shared_memory_and_its_data_the_files() {
-    let (path, file, mem) = restored_64_mib("holes", 3 * MIB + 16);
+    let (path, file, mem) = restored_64_mib("holes", &[(3 * MIB + 16, b"saved")]);
     let host = |gpa: u64| mem.get_host_address(GuestAddress(gpa)).unwrap() as usize;
 
     let data = mapping_of(host(3 * MIB));
@@ -352,7 +358,7 @@ fn a_templates_holes_are_fresh_shared_memory_and_its_data_the_files() {
 #[test]
 fn discarding_a_restored_block_frees_its_fresh_pages_and_its_copies() {
     use mvm_devices::virtio::balloon::discard::discard;
-    let (path, file, mem) = restored_64_mib("discard", 4 * MIB + PAGE);
+    let (path, file, mem) = restored_64_mib("discard", &[(4 * MIB + PAGE, b"saved")]);
     drop(file);
     let resident = |gpa: u64| {
         let addr = mem.get_host_address(GuestAddress(gpa)).unwrap();
