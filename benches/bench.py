@@ -422,12 +422,14 @@ def measure_mvm(runs, i, m, values, failures):
                 stats[mm.group(1)] = float(mm.group(2))
         # A restored machine maps the template privately: mincore counts
         # the template's pages in the page cache, which this process has
-        # not mapped, and the overhead would come out too low. (Older
-        # builds copied it and mapped the copy ahead, which mincore counts
-        # right.)
-        mapped_ahead = m != "tpl" or any(
-            fd == 2 and text.endswith(" guest memory pre-faulted") for fd, _, text in r.lines)
-        if "guest resident" in stats and mapped_ahead:
+        # not mapped, and the overhead would come out too low (below zero
+        # once a run maps the pages its template's runs touch first
+        # ahead). Only a restore that copied guest memory (a template
+        # without a bounce pool) is counted right.
+        copied = m != "tpl" or any(
+            fd == 2 and text.endswith(" guest memory copied from the template")
+            for fd, _, text in r.lines)
+        if "guest resident" in stats and copied:
             values["overhead"].append(r.tree - stats["guest resident"])
             if "peak rss" in stats:
                 values["own"].append(stats["peak rss"] - stats["guest resident"])
