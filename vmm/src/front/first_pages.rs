@@ -33,8 +33,10 @@ pub enum FirstPages {
     Ahead(WorkingSet),
     /// There are none yet: this run records them.
     Record(Recorder),
-    /// Neither: another run is recording them, or this one may not (a
-    /// sandbox, whose agent serves many commands and sends no marker).
+    /// Neither: another run is recording them, this one removed a file
+    /// nobody finished (a later run records them), or this one may not
+    /// record (a sandbox, whose agent serves many commands and sends no
+    /// marker).
     Neither,
 }
 
@@ -119,7 +121,7 @@ pub fn record_at_marker(
     match recorder.record(machine) {
         Ok(_) => front.mark("pages touched so far recorded"),
         Err(e) => eprintln!(
-            "mvm: warning: cannot record the pages this template's runs touch first ({e}); the next run tries again"
+            "mvm: warning: cannot record the pages this template's runs touch first ({e}); runs go on without them, and a later run records them again"
         ),
     }
     Ok(())

@@ -159,12 +159,13 @@ pub(super) fn launch(
             // Recorded only where the agent sends the marker: `mvm run`'s
             // one command, not a sandbox's or a served run's.
             let may_record = templates.may_create() && !request.keep_serving;
-            let pages = first_pages::for_restore(&dir, config.mem_size, may_record);
-            let ahead = match &pages {
-                FirstPages::Ahead(set) => Some(set),
-                _ => None,
-            };
-            let restored = crate::machine::restore_loaded(&config, console, loaded, ahead)
+            let (ahead, recorder) =
+                match first_pages::for_restore(&dir, config.mem_size, may_record) {
+                    FirstPages::Ahead(set) => (Some(set), None),
+                    FirstPages::Record(recorder) => (None, Some(recorder)),
+                    FirstPages::Neither => (None, None),
+                };
+            let restored = crate::machine::restore_loaded(&config, console, loaded, ahead.as_ref())
                 .inspect_err(|_| {
                     // A template that passed its checks but does not fit
                     // this machine: the next run must not find it again.
@@ -172,10 +173,6 @@ pub(super) fn launch(
                         template::remove(&store, &key);
                     }
                 });
-            let recorder = match pages {
-                FirstPages::Record(recorder) => Some(recorder),
-                _ => None,
-            };
             (restored, None, recorder)
         }
         // Only a machine that becomes a template bounces its virtio-fs

@@ -42,7 +42,7 @@ pub fn restore_loaded(
         )));
     }
     // The pages to map into the VM ahead of the guest (prefault.rs).
-    let (mem, memory_phase, prefault, fs_backend) = if config.shares.is_empty() {
+    let (mem, memory_phase, mut prefault, fs_backend) = if config.shares.is_empty() {
         // Untouched pages come from the file through the page cache,
         // shared with every machine restored from it. Not all of them
         // are mapped ahead: KVM would map them read-only, and the guest's
@@ -87,7 +87,6 @@ pub fn restore_loaded(
     };
     let mut timeline = Timeline::default();
     timeline.mark(memory_phase);
-    let mut prefault = prefault;
     let mapped_ahead = ahead.map(|set| {
         let (ranges, copied) = set.map_ahead(&mem);
         let bytes = ranges.iter().map(|r| r.end - r.start).sum();

@@ -165,7 +165,7 @@ impl WorkingSet {
                 .is_ok()
         };
         let mut copied = 0;
-        for r in self.written.iter().filter(inside) {
+        for r in &self.written {
             let len = (r.end - r.start) as usize;
             let Ok(slice) = mem.get_slice(GuestAddress(r.start), len) else {
                 continue;
