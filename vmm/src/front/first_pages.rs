@@ -1,8 +1,14 @@
-//! The pages a template's runs touch first (machine/working_set.rs), kept
-//! as `pages` in the template's directory: read by a restore, which maps
-//! them ahead; where there is none yet, recorded by the run that finds
-//! none, at the agent's "machine set up" marker (docs/snapshots.md, "The
-//! pages a run touches first").
+//! The pages a machine's guest touches first (machine/working_set.rs),
+//! kept in the template store and mapped ahead by the machines that find
+//! them (docs/snapshots.md, "The pages a run touches first"):
+//!
+//! - of a template, as `pages` in its directory: what a restored run
+//!   touches up to the agent's "machine set up" marker;
+//! - of a machine that boots, as `boot-pages/KEY` (KEY: the template key
+//!   of the same machine): what a cold boot and its run's set-up touch up
+//!   to the same marker.
+//!
+//! Where there is none yet, the run that finds none records it.
 //!
 //! The file is only a hint (a wrong one changes what is mapped, never
 //! what the guest reads), so it gets no checksum: one that does not parse
@@ -13,12 +19,14 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mvm_protocol::boot::MARKER_MACHINE_SET_UP;
 
+use super::template::{self, TemplateInfo};
 use super::{vmm_failure, Failure};
+use crate::config::VmConfig;
 use crate::machine::event_loop::Wait;
 use crate::machine::working_set::{WorkingSet, MAX_SHARE};
 use crate::machine::Machine;
@@ -26,8 +34,10 @@ use crate::timeline::Timeline;
 
 /// The file's name in a template's directory.
 pub const PAGES_FILE: &str = "pages";
+/// The directory, in the template store, of the sets of booted machines.
+pub const BOOT_PAGES_DIR: &str = "boot-pages";
 
-/// What a restore does about the pages its runs touch first.
+/// What a restore or a boot does about the pages its guest touches first.
 pub enum FirstPages {
     /// Maps these ahead.
     Ahead(WorkingSet),
@@ -36,8 +46,20 @@ pub enum FirstPages {
     /// Neither: another run is recording them, this one removed a file
     /// nobody finished (a later run records them), or this one may not
     /// record (a sandbox, whose agent serves many commands and sends no
-    /// marker).
+    /// marker; a boot that makes a template, which zeroes a bounce pool
+    /// that other boots do not have).
     Neither,
+}
+
+impl FirstPages {
+    /// The set to map ahead and the recorder, whichever there is.
+    pub fn split(self) -> (Option<WorkingSet>, Option<Recorder>) {
+        match self {
+            FirstPages::Ahead(set) => (Some(set), None),
+            FirstPages::Record(recorder) => (None, Some(recorder)),
+            FirstPages::Neither => (None, None),
+        }
+    }
 }
 
 /// The file this run records into, locked, and its page table.
@@ -51,19 +73,55 @@ pub struct Recorder {
 /// bytes of guest RAM; `may_record`: this run's agent sends the marker.
 /// Everything here happens before confinement.
 pub fn for_restore(dir: &Path, mem_size: u64, may_record: bool) -> FirstPages {
-    let path = dir.join(PAGES_FILE);
-    match fs::read(&path) {
+    at(&dir.join(PAGES_FILE), mem_size, may_record)
+}
+
+/// The pages for a boot of the machine `config` describes, in the
+/// template store `store`; `may_record` as for [`for_restore`]. A machine
+/// that cannot be keyed, or a store that cannot be made, has neither,
+/// without a word: the boot goes on as it would without them.
+pub fn for_boot(store: &Path, config: &VmConfig, may_record: bool) -> FirstPages {
+    let Ok(info) = TemplateInfo::of(config) else {
+        return FirstPages::Neither;
+    };
+    let dir = store.join(BOOT_PAGES_DIR);
+    if may_record && template::make_store(&dir).is_err() {
+        return FirstPages::Neither;
+    }
+    at(&dir.join(info.key()), config.mem_size, may_record)
+}
+
+/// Removes the boot sets that no run is writing (`mvm snapshot prune`
+/// and `rm --all`: each is recorded again by the next cold boot of its
+/// machine); returns how many.
+pub fn remove_boot_sets(store: &Path) -> usize {
+    let Ok(dir) = fs::read_dir(store.join(BOOT_PAGES_DIR)) else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| !is_being_written(p) && fs::remove_file(p).is_ok())
+        .count()
+}
+
+/// The boot set of template `key`'s machine, if any (removed with it).
+pub fn boot_set_path(store: &Path, key: &str) -> PathBuf {
+    store.join(BOOT_PAGES_DIR).join(key)
+}
+
+fn at(path: &Path, mem_size: u64, may_record: bool) -> FirstPages {
+    match fs::read(path) {
         Ok(bytes) => match WorkingSet::parse(&bytes, mem_size) {
             Ok(set) => FirstPages::Ahead(set),
             Err(_) => {
-                if !is_being_written(&path) {
-                    let _ = fs::remove_file(&path);
+                if !is_being_written(path) {
+                    let _ = fs::remove_file(path);
                 }
                 FirstPages::Neither
             }
         },
         Err(e) if e.kind() == io::ErrorKind::NotFound && may_record => {
-            Recorder::create(&path).map_or(FirstPages::Neither, FirstPages::Record)
+            Recorder::create(path).map_or(FirstPages::Neither, FirstPages::Record)
         }
         Err(_) => FirstPages::Neither,
     }
@@ -86,9 +144,9 @@ impl Recorder {
     }
 
     /// Records the pages `machine` maps now (at the marker: those its
-    /// run touched since the restore), at most 1/[`MAX_SHARE`] of its
-    /// RAM, and writes them; returns the bytes recorded. The file is
-    /// closed, and so unlocked, either way.
+    /// run touched since the restore, or since the boot began), at most
+    /// 1/[`MAX_SHARE`] of its RAM, and writes them; returns the bytes
+    /// recorded. The file is closed, and so unlocked, either way.
     pub fn record(self, machine: &Machine) -> io::Result<u64> {
         let set = machine.working_set(&self.pagemap)?;
         self.write(set)
@@ -102,9 +160,9 @@ impl Recorder {
     }
 }
 
-/// Serves `machine` (restored, started) until its agent has set it up,
-/// then records there the pages it touched so far: the run that found
-/// none. A machine that stops first records nothing. Marks the timeline
+/// Serves `machine` (restored or booted, started) until its agent has
+/// set it up, then records there the pages it touched so far: the run
+/// that found none. A machine that stops first records nothing. Marks the timeline
 /// when it recorded; a recording that fails is a warning.
 pub fn record_at_marker(
     machine: &mut Machine,
@@ -121,7 +179,7 @@ pub fn record_at_marker(
     match recorder.record(machine) {
         Ok(_) => front.mark("pages touched so far recorded"),
         Err(e) => eprintln!(
-            "mvm: warning: cannot record the pages this template's runs touch first ({e}); runs go on without them, and a later run records them again"
+            "mvm: warning: cannot record the pages this machine's runs touch first ({e}); runs go on without them, and a later run records them again"
         ),
     }
     Ok(())

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use mvm_devices::virtio::vsock::GuestPort;
 use mvm_protocol::{ExecRequest, GUEST_CID};
 
-use super::first_pages::{self, FirstPages, Recorder};
+use super::first_pages::{self, Recorder};
 use super::request::machine_setup;
 use super::run::RunArgs;
 use super::template::{self, Creating, Plan};
@@ -154,35 +154,46 @@ pub(super) fn launch(
     };
     let console = ConsoleOutput::new(console);
     let oom_seen = console.oom_flag();
+    // Recorded only where the agent sends the marker: `mvm run`'s one
+    // command, not a sandbox's or a served run's.
+    let may_record = templates.may_create() && !request.keep_serving;
+    let store = template::store_dir();
     let (built, creating, recorder) = match plan {
         Plan::Restore { key, dir, loaded } => {
-            // Recorded only where the agent sends the marker: `mvm run`'s
-            // one command, not a sandbox's or a served run's.
-            let may_record = templates.may_create() && !request.keep_serving;
             let (ahead, recorder) =
-                match first_pages::for_restore(&dir, config.mem_size, may_record) {
-                    FirstPages::Ahead(set) => (Some(set), None),
-                    FirstPages::Record(recorder) => (None, Some(recorder)),
-                    FirstPages::Neither => (None, None),
-                };
+                first_pages::for_restore(&dir, config.mem_size, may_record).split();
             let restored = crate::machine::restore_loaded(&config, console, loaded, ahead.as_ref())
                 .inspect_err(|_| {
                     // A template that passed its checks but does not fit
                     // this machine: the next run must not find it again.
-                    if let Some(store) = template::store_dir() {
-                        template::remove(&store, &key);
+                    if let Some(store) = &store {
+                        template::remove(store, &key);
                     }
                 });
             (restored, None, recorder)
         }
         // Only a machine that becomes a template bounces its virtio-fs
         // buffers through the pool that its restores share with virtiofsd
-        // (a restored one has the template's).
+        // (a restored one has the template's). It neither records nor
+        // maps ahead the pages cold boots touch: its guest also zeroes
+        // the pool, which their boots would then map for nothing, and
+        // their set-up's pages, mapped ahead, would be memory its copy
+        // reads through for nothing (docs/snapshots.md).
         Plan::Create(creating) => {
             config.fs_bounce_pool = true;
             (boot::boot(&config, console), Some(creating), None)
         }
-        Plan::Cold => (boot::boot(&config, console), None, None),
+        Plan::Cold => {
+            let (ahead, recorder) = match &store {
+                Some(store) => first_pages::for_boot(store, &config, may_record).split(),
+                None => (None, None),
+            };
+            (
+                boot::boot_mapping_ahead(&config, console, ahead.as_ref()),
+                None,
+                recorder,
+            )
+        }
     };
     let mut machine = match built {
         Ok(machine) => machine,

@@ -113,7 +113,8 @@ pub struct RunArgs {
     pub hostname: Option<String>,
     /// Boot the kernel instead of restoring a template, and save none
     /// (by default a run restores the template of its machine, made by the
-    /// first run that needed it: docs/snapshots.md)
+    /// first run that needed it: docs/snapshots.md); the boot still maps
+    /// ahead the pages its machine's first cold boot recorded
     /// ($MVM_NO_SNAPSHOT: 1 or true for on, 0, false or empty for off)
     #[arg(
         long,

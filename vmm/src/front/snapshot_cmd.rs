@@ -7,6 +7,7 @@ use std::time::SystemTime;
 
 use clap::Subcommand;
 
+use super::first_pages;
 use super::template::{self, TemplateInfo};
 use super::{setup_failure, Failure};
 
@@ -16,7 +17,8 @@ pub enum SnapshotCommand {
     /// last use, and whether the kernel and mvm it was made with are still
     /// the current ones
     Ls,
-    /// Remove templates by key (a unique prefix is enough), or all
+    /// Remove templates by key (a unique prefix is enough), each with
+    /// the pages its machine's boots touch first; or all of both
     Rm {
         #[arg(long, conflicts_with = "keys")]
         all: bool,
@@ -25,7 +27,8 @@ pub enum SnapshotCommand {
     },
     /// Remove templates no run can use any more (made by another mvm
     /// binary or from a kernel or initramfs since rebuilt), damaged ones,
-    /// and anything left by an interrupted write
+    /// anything left by an interrupted write, and the pages machines'
+    /// boots touch first (the next cold boot of each records them again)
     Prune,
 }
 
@@ -86,8 +89,22 @@ fn ls(store: &Path) -> Result<i32, Failure> {
     let list = entries(store);
     if list.is_empty() {
         println!("no templates in {}", store.display());
-        return Ok(0);
+    } else {
+        table(store, list);
     }
+    let sets = fs::read_dir(store.join(first_pages::BOOT_PAGES_DIR))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    if sets > 0 {
+        println!(
+            "boot pages: the pages {sets} machines' boots touch first, in {} (docs/snapshots.md)",
+            store.join(first_pages::BOOT_PAGES_DIR).display()
+        );
+    }
+    Ok(0)
+}
+
+fn table(store: &Path, list: Vec<Entry>) {
     println!(
         "{:<32}  {:>7}  {:>4}  {:<5}  {:>6}  {:>9}  {:<8}  KERNEL",
         "KEY", "MEMORY", "CPUS", "ROOT", "SHARES", "ON DISK", "USED"
@@ -122,7 +139,6 @@ fn ls(store: &Path) -> Result<i32, Failure> {
             ),
         }
     }
-    Ok(0)
 }
 
 fn ago(at: SystemTime) -> String {
@@ -170,6 +186,12 @@ fn rm(store: &Path, all: bool, keys: &[String]) -> Result<i32, Failure> {
         template::remove(store, &key);
         println!("removed {key}");
     }
+    if all {
+        let sets = first_pages::remove_boot_sets(store);
+        if sets > 0 {
+            println!("removed the pages {sets} machines' boots touch first");
+        }
+    }
     Ok(0)
 }
 
@@ -194,6 +216,12 @@ fn prune(store: &Path) -> Result<i32, Failure> {
     for path in leftovers(store) {
         let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
         removed += 1;
+    }
+    // The pages machines' boots touch first: a set says not whose files
+    // it was recorded with, and the next cold boot records it again.
+    let sets = first_pages::remove_boot_sets(store);
+    if sets > 0 {
+        println!("removed the pages {sets} machines' boots touch first");
     }
     println!("{removed} removed");
     Ok(0)

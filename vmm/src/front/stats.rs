@@ -117,12 +117,16 @@ pub(crate) fn print_stats(
         );
     }
     print_process_stats(started);
-    if let Some((mapped, copied)) = machine.mapped_ahead() {
+    if let Some((mapped, private)) = machine.mapped_ahead() {
         // docs/snapshots.md, "The pages a run touches first".
+        let (whose, made) = match machine.is_restored() {
+            true => ("this template's runs", "copied"),
+            false => ("this machine's boots and runs", "allocated"),
+        };
         eprintln!(
-            "mvm: mapped ahead: {} KiB, the pages this template's runs touch first ({} KiB of them copied)",
+            "mvm: mapped ahead: {} KiB, the pages {whose} touch first ({} KiB of them {made})",
             mapped >> 10,
-            copied >> 10
+            private >> 10
         );
     }
     if let Some(kib) = machine.guest_resident_kib() {

@@ -296,12 +296,13 @@ pub fn info_path(store: &Path, key: &str) -> PathBuf {
 /// Removes template `key` and what belongs to it.
 pub fn remove(store: &Path, key: &str) {
     let _ = fs::remove_dir_all(store.join(key));
+    let _ = fs::remove_file(super::first_pages::boot_set_path(store, key));
     let _ = fs::remove_file(info_path(store, key));
     let _ = fs::remove_file(checked_path(store, key));
     let _ = fs::remove_file(store.join(format!("{key}.lock")));
 }
 
-fn make_store(store: &Path) -> io::Result<()> {
+pub fn make_store(store: &Path) -> io::Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -347,11 +348,13 @@ pub fn is_locked(store: &Path, key: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::{FsShare, RootDisk, VmConfig};
 
-    fn config(dir: &Path) -> VmConfig {
+    /// A machine of 512 MiB whose kernel is a file in `dir` (written once:
+    /// a rewritten kernel is another key).
+    pub(crate) fn config(dir: &Path) -> VmConfig {
         let kernel = dir.join("vmlinux");
         if !kernel.exists() {
             fs::write(&kernel, b"kernel").unwrap();

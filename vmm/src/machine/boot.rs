@@ -3,8 +3,9 @@
 //! (`create`: KVM, the VM with irqchip and PIT, guest memory, devices,
 //! vCPU fds), then what only a boot does: kernel, initramfs, command line
 //! and boot_params, MP table, and each vCPU's CPUID (KVM's supported set,
-//! plus what it emulates without listing it), MSRs, registers and LAPIC.
-//! The result is ready to start.
+//! plus what it emulates without listing it), MSRs, registers and LAPIC;
+//! last, the pages the guest will run through first mapped ahead. The
+//! result is ready to start.
 
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::Cap;
@@ -13,7 +14,8 @@ use linux_loader::loader::load_cmdline;
 use vm_memory::GuestAddress;
 
 use super::create::create;
-use super::{kernel, Error, Machine};
+use super::working_set::WorkingSet;
+use super::{kernel, memory, Error, Machine};
 use crate::arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START};
 use crate::arch::x86_64::{boot_params, cpuid, mptable};
 use crate::config::VmConfig;
@@ -21,6 +23,16 @@ use crate::console::ConsoleOutput;
 use crate::timeline::Timeline;
 
 pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error> {
+    boot_mapping_ahead(config, console, None)
+}
+
+/// [`boot`], with the pages earlier boots of the machine touched
+/// (`ahead`: working_set.rs) mapped before its vCPUs run.
+pub fn boot_mapping_ahead(
+    config: &VmConfig,
+    console: ConsoleOutput,
+    ahead: Option<&WorkingSet>,
+) -> Result<Machine, Error> {
     let (mut machine, kvm) = create(config, console, None, None, Timeline::default())?;
     let mem = &machine.mem;
 
@@ -61,12 +73,26 @@ pub fn boot(config: &VmConfig, console: ConsoleOutput) -> Result<Machine, Error>
         vcpu.configure(&supported, config.vcpus, mem, entry)?;
     }
     machine.timeline.mark("vcpus configured");
-    // The kernel's first steps run through these pages (prefault.rs).
+    // The kernel's first steps run through these pages (prefault.rs),
+    // and then through much the same ones at every boot of one machine.
     let initrd_range = initrd.map(|(addr, size)| addr.0..addr.0 + size as u64);
-    let loaded: Vec<_> = std::iter::once(kernel.start..kernel.end)
+    let ahead_ranges = match ahead {
+        Some(set) => {
+            let (ranges, allocated) = set.map_ahead(mem);
+            let bytes = ranges.iter().map(|r| r.end - r.start).sum();
+            machine
+                .timeline
+                .mark("the pages boots touch: the private ones allocated");
+            machine.mapped_ahead = Some((bytes, allocated));
+            ranges
+        }
+        None => Vec::new(),
+    };
+    let loaded = std::iter::once(kernel.start..kernel.end)
         .chain(initrd_range)
+        .chain(ahead_ranges)
         .collect();
-    machine.prefault(&loaded);
+    machine.prefault(&memory::union(loaded));
     machine.cmdline = cmdline_text;
     Ok(machine)
 }

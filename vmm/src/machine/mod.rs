@@ -129,8 +129,9 @@ pub struct Machine {
     /// Restored from a snapshot, not booted: guest-init's boot markers are
     /// the saved machine's.
     restored: bool,
-    /// Of a restored machine, the pages mapped ahead of its guest and
-    /// how many of them were copied (working_set.rs), in bytes.
+    /// The pages mapped ahead of its guest (working_set.rs), and how many
+    /// of them were made private first (a restored machine's copies of
+    /// template pages; a booted one's anonymous pages), in bytes.
     mapped_ahead: Option<(u64, u64)>,
     /// The vsock device's in-process way in, until a front end takes it.
     vsock_dialer: Option<mvm_devices::virtio::vsock::Dialer>,
@@ -203,9 +204,10 @@ impl Machine {
         &self.timeline
     }
 
-    /// Of a restored machine, the bytes of guest memory mapped ahead of
-    /// its guest (the pages its template's runs touch first) and how
-    /// many of them were copied; None where there was no such set.
+    /// The bytes of guest memory mapped ahead of its guest (the pages
+    /// its template's runs, or its machine's boots, touch first) and how
+    /// many of them were made private first; None where there was no
+    /// such set.
     pub fn mapped_ahead(&self) -> Option<(u64, u64)> {
         self.mapped_ahead
     }

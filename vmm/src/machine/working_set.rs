@@ -3,7 +3,11 @@
 //! agent's "machine set up" marker (`mvm_protocol::boot::
 //! MARKER_MACHINE_SET_UP`). One restored run of a template records them;
 //! the later ones map them ahead, before their vCPUs run
-//! (docs/snapshots.md, "The pages a run touches first").
+//! (docs/snapshots.md, "The pages a run touches first"). A cold boot's,
+//! from its start to the same marker, are recorded and mapped ahead the
+//! same way for the later cold boots of its machine ("The pages a boot
+//! touches first"): there every page it touched is its own, private in
+//! anonymous memory, shared in a memfd.
 //!
 //! Why: every run from one template does the same set-up from the same
 //! memory (reconnect, clock, the image root and the shares mounted), so
@@ -152,8 +156,9 @@ impl WorkingSet {
         self.len() == 0
     }
 
-    /// Copies the written pages of `mem` (a machine just restored, no
-    /// vCPU running yet) into this process now (`MADV_POPULATE_WRITE`);
+    /// Copies the written pages of `mem` (a machine just restored or
+    /// booted, no vCPU running yet) into this process now, or allocates
+    /// them where they are not a template's (`MADV_POPULATE_WRITE`);
     /// returns every range of the set that lies in guest RAM, for KVM to
     /// map (`Machine::prefault`), and how many bytes were copied. A range
     /// outside guest RAM is left out; a copy that fails stops the copying

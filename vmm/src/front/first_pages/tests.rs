@@ -80,3 +80,77 @@ fn a_run_that_sends_no_marker_records_nothing() {
     assert!(!dir.join(PAGES_FILE).exists());
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A machine of 64 MiB whose kernel is a file in `dir`.
+fn machine(dir: &Path, cmdline: &str) -> VmConfig {
+    VmConfig {
+        cmdline: cmdline.into(),
+        mem_size: 64 * MIB,
+        ..template::tests::config(dir)
+    }
+}
+
+#[test]
+fn a_boot_records_its_machines_set_and_the_next_boots_map_it_ahead() {
+    use std::os::unix::fs::PermissionsExt;
+    let store = template_dir("boot");
+    let config = machine(&store, "panic=-1");
+    let path = boot_set_path(&store, &TemplateInfo::of(&config).unwrap().key());
+    let FirstPages::Record(recorder) = for_boot(&store, &config, true) else {
+        panic!("no set: this boot records");
+    };
+    assert!(path.exists(), "recorded under the machine's template key");
+    let dir_mode = fs::metadata(store.join(BOOT_PAGES_DIR))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(dir_mode & 0o777, 0o700);
+    assert!(matches!(
+        for_boot(&store, &config, true),
+        FirstPages::Neither
+    ));
+    recorder.write(set()).unwrap();
+    match for_boot(&store, &config, true) {
+        FirstPages::Ahead(read) => assert_eq!(read, set()),
+        _ => panic!("the recorded set is not read back"),
+    }
+    // Another machine (another command line) has none, and a boot that
+    // may not record (one that makes a template) leaves none.
+    let other = machine(&store, "panic=-1 quiet");
+    let other_path = boot_set_path(&store, &TemplateInfo::of(&other).unwrap().key());
+    assert!(matches!(
+        for_boot(&store, &other, false),
+        FirstPages::Neither
+    ));
+    assert!(!other_path.exists());
+    fs::remove_dir_all(&store).unwrap();
+}
+
+#[test]
+fn boot_sets_go_with_prune_unless_being_written_and_with_their_template() {
+    let store = template_dir("boot-prune");
+    let config = machine(&store, "panic=-1");
+    let key = TemplateInfo::of(&config).unwrap().key();
+    let FirstPages::Record(recorder) = for_boot(&store, &config, true) else {
+        panic!("no set: this boot records");
+    };
+    recorder.write(set()).unwrap();
+    let busy_config = machine(&store, "panic=-1 quiet");
+    let FirstPages::Record(busy) = for_boot(&store, &busy_config, true) else {
+        panic!("no set: this boot records");
+    };
+    assert!(boot_set_path(&store, &key).exists());
+    assert_eq!(remove_boot_sets(&store), 1);
+    assert!(!boot_set_path(&store, &key).exists());
+    drop(busy);
+    assert_eq!(remove_boot_sets(&store), 1, "once no run writes it");
+    // `mvm snapshot rm KEY` takes the machine's set with its template.
+    let FirstPages::Record(recorder) = for_boot(&store, &config, true) else {
+        panic!("no set: this boot records");
+    };
+    recorder.write(set()).unwrap();
+    assert!(boot_set_path(&store, &key).exists());
+    template::remove(&store, &key);
+    assert!(!boot_set_path(&store, &key).exists());
+    fs::remove_dir_all(&store).unwrap();
+}

@@ -97,6 +97,50 @@ fn mapping_ahead_copies_the_written_pages() {
     fs::remove_file(&path).unwrap();
 }
 
+/// A booted guest's pages, as a cold boot records them: in anonymous
+/// memory (a machine without shares) the ones it touched are its own
+/// private pages, "written", and mapping them ahead on a fresh machine
+/// allocates exactly those (before it, nothing: the control); in a memfd
+/// (a machine with shares) they are shared, "mapped", and left for KVM
+/// to map, which allocates them.
+#[test]
+fn a_boot_records_its_pages_and_the_next_gets_them_allocated() {
+    use crate::machine::memory::{create, Backing};
+    let touch = |mem: &GuestMemoryMmap| {
+        mem.write_slice(b"kernel", GuestAddress(MIB)).unwrap();
+        mem.write_obj(0u64, GuestAddress(50 * MIB)).unwrap();
+    };
+    let booted = create(64 * MIB, Backing::Private).unwrap();
+    touch(&booted);
+    let set = WorkingSet::record(&booted, &pagemap()).unwrap();
+    // A page each, or the huge page around it where the host gives the
+    // advised memory huge pages.
+    let has = |list: &[Range<u64>], at: u64| list.iter().any(|r| r.contains(&at));
+    assert!(
+        has(&set.written, MIB) && has(&set.written, 50 * MIB),
+        "{set:x?}"
+    );
+    assert!(!has(&set.written, 20 * MIB), "{set:x?}");
+    assert!(set.mapped.is_empty(), "{set:x?}");
+
+    let next = create(64 * MIB, Backing::Private).unwrap();
+    assert!(WorkingSet::record(&next, &pagemap()).unwrap().is_empty());
+    let (ranges, allocated) = set.map_ahead(&next);
+    assert_eq!(ranges, set.written);
+    assert_eq!(allocated, set.len());
+    assert_eq!(WorkingSet::record(&next, &pagemap()).unwrap(), set);
+
+    let shared = create(64 * MIB, Backing::Shared).unwrap();
+    touch(&shared);
+    let set = WorkingSet::record(&shared, &pagemap()).unwrap();
+    assert!(set.written.is_empty(), "{set:x?}");
+    assert!(
+        has(&set.mapped, MIB) && has(&set.mapped, 50 * MIB),
+        "{set:x?}"
+    );
+    assert!(!has(&set.mapped, 20 * MIB), "{set:x?}");
+}
+
 /// A set reads back as written; one of another machine, out of order,
 /// not whole pages, or larger than the share mapped ahead does not.
 #[test]
