@@ -78,14 +78,15 @@ pub fn for_restore(dir: &Path, mem_size: u64, may_record: bool) -> FirstPages {
 
 /// The pages for a boot of the machine `config` describes, in the
 /// template store `store`; `may_record` as for [`for_restore`]. A machine
-/// that cannot be keyed, or a store that cannot be made, has neither,
-/// without a word: the boot goes on as it would without them.
+/// that cannot be keyed, or a directory for the sets that cannot be made
+/// or is not the caller's alone (mode 0700), has neither, without a
+/// word: the boot goes on as it would without them.
 pub fn for_boot(store: &Path, config: &VmConfig, may_record: bool) -> FirstPages {
     let Ok(info) = TemplateInfo::of(config) else {
         return FirstPages::Neither;
     };
     let dir = store.join(BOOT_PAGES_DIR);
-    if may_record && template::make_store(&dir).is_err() {
+    if template::make_store(&dir).is_err() {
         return FirstPages::Neither;
     }
     at(&dir.join(info.key()), config.mem_size, may_record)

@@ -123,6 +123,18 @@ fn a_boot_records_its_machines_set_and_the_next_boots_map_it_ahead() {
         FirstPages::Neither
     ));
     assert!(!other_path.exists());
+    // A directory others may write to is neither read nor written.
+    fs::set_permissions(
+        store.join(BOOT_PAGES_DIR),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    for may_record in [false, true] {
+        assert!(matches!(
+            for_boot(&store, &config, may_record),
+            FirstPages::Neither
+        ));
+    }
     fs::remove_dir_all(&store).unwrap();
 }
 
