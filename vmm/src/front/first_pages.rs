@@ -46,8 +46,7 @@ pub enum FirstPages {
     /// Neither: another run is recording them, this one removed a file
     /// nobody finished (a later run records them), or this one may not
     /// record (a sandbox, whose agent serves many commands and sends no
-    /// marker; a boot that makes a template, which zeroes a bounce pool
-    /// that other boots do not have).
+    /// marker).
     Neither,
 }
 
