@@ -426,6 +426,7 @@ T=$MVM_TEMPLATES
 key=$(ls "$T" | grep -E '^[0-9a-f]{32}$' | head -1)
 P="$T/$key/pages"
 echo "before: $([ -e "$P" ] && echo file || echo none)"
+echo "boot sets after the template's run: $(ls "$T/boot-pages" 2>/dev/null | wc -l)"
 $MVM run --print-stats -- true 2>/run/tmp/a0.err
 echo "recording run: status $? recorded $(grep -c 'phase: .* pages touched so far recorded' /run/tmp/a0.err) mapped $(grep -c 'mapped ahead' /run/tmp/a0.err)"
 echo "pages: mode $(stat -c %a "$P") $(grep -o '"written":\[[^]]*\]' "$P" | grep -o start | wc -l) written $(grep -o '"mapped":\[[^]]*\]' "$P" | grep -o start | wc -l) mapped"
@@ -444,6 +445,7 @@ $MVM run -- true 2>/run/tmp/h.err
 echo "half-written: status $? $(grep -c warning /run/tmp/h.err) warning(s) $([ -e "$P" ] && echo kept || echo removed)"
 $MVM run --print-stats -- true 2>/run/tmp/h2.err
 echo "recorded again: status $? $(grep -c 'pages touched so far recorded' /run/tmp/h2.err) $(grep -c '"written"' "$P")"
+echo "boot sets after restored runs: $(ls "$T/boot-pages" 2>/dev/null | wc -l)"
 "#;
 
 /// The first run from a template records the pages its set-up touched
@@ -471,8 +473,13 @@ fn the_pages_runs_touch_first_are_recorded_once_and_mapped_ahead() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let after = run.after_lines();
     let text = after.join("\n");
-    // The template's first run boots, so it records nothing.
+    // The template's first run boots, so it records nothing: neither a
+    // template's set nor a cold boot's (its guest has the bounce pool).
     assert!(text.contains("before: none"), "{text}");
+    assert!(
+        text.contains("boot sets after the template's run: 0"),
+        "{text}"
+    );
     assert!(
         text.contains("recording run: status 0 recorded 1 mapped 0"),
         "{text}"
@@ -488,6 +495,7 @@ fn the_pages_runs_touch_first_are_recorded_once_and_mapped_ahead() {
         "{text}"
     );
     assert!(text.contains("recorded again: status 0 1 1"), "{text}");
+    assert!(text.contains("boot sets after restored runs: 0"), "{text}");
 }
 
 const BOOT_AHEAD: &str = r#"

@@ -18,7 +18,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -85,28 +85,66 @@ pub fn for_boot(store: &Path, config: &VmConfig, may_record: bool) -> FirstPages
         return FirstPages::Neither;
     };
     let dir = store.join(BOOT_PAGES_DIR);
-    if template::make_store(&dir).is_err() {
+    if template::make_store(store).is_err() || template::make_store(&dir).is_err() {
         return FirstPages::Neither;
     }
-    at(&dir.join(info.key()), config.mem_size, may_record)
+    match sets_dir(store) {
+        Some(dir) => at(&dir.join(info.key()), config.mem_size, may_record),
+        None => FirstPages::Neither,
+    }
+}
+
+/// The directory of the boot sets in `store`, if it is one of the
+/// caller's alone: a directory itself, not a link to one (a link planted
+/// by someone who can write to the store could point at any directory of
+/// the caller's), of the caller's with mode 0700.
+fn sets_dir(store: &Path) -> Option<PathBuf> {
+    let dir = store.join(BOOT_PAGES_DIR);
+    let meta = fs::symlink_metadata(&dir).ok()?;
+    let own = meta.is_dir()
+        && meta.uid() == crate::session::dir::current_uid()
+        && meta.mode() & 0o077 == 0;
+    own.then_some(dir)
 }
 
 /// Removes the boot sets that no run is writing (`mvm snapshot prune`
 /// and `rm --all`: each is recorded again by the next cold boot of its
-/// machine); returns how many.
+/// machine); returns how many. Only files named as keys are, and only in
+/// a directory of the caller's alone.
 pub fn remove_boot_sets(store: &Path) -> usize {
-    let Ok(dir) = fs::read_dir(store.join(BOOT_PAGES_DIR)) else {
+    let Some(dir) = sets_dir(store) else {
         return 0;
     };
-    dir.filter_map(Result::ok)
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_str().is_some_and(template::is_key))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
         .map(|e| e.path())
         .filter(|p| !is_being_written(p) && fs::remove_file(p).is_ok())
         .count()
 }
 
-/// The boot set of template `key`'s machine, if any (removed with it).
-pub fn boot_set_path(store: &Path, key: &str) -> PathBuf {
-    store.join(BOOT_PAGES_DIR).join(key)
+/// How many boot sets `store` holds (`mvm snapshot ls`).
+pub fn count_boot_sets(store: &Path) -> usize {
+    sets_dir(store)
+        .and_then(|dir| fs::read_dir(dir).ok())
+        .map_or(0, |entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_str().is_some_and(template::is_key))
+                .count()
+        })
+}
+
+/// Removes the boot set of template `key`'s machine, if any (`mvm
+/// snapshot rm KEY` removes it with its template).
+pub fn remove_boot_set(store: &Path, key: &str) {
+    if let Some(dir) = sets_dir(store) {
+        let _ = fs::remove_file(dir.join(key));
+    }
 }
 
 fn at(path: &Path, mem_size: u64, may_record: bool) -> FirstPages {

@@ -183,10 +183,12 @@ pub(super) fn launch(
             config.fs_bounce_pool = true;
             (boot::boot(&config, console), Some(creating), None)
         }
+        // A sandbox's machine (its disk, the balloon) is never one that
+        // `mvm run` boots, which alone records: it has no set to find.
         Plan::Cold => {
-            let (ahead, recorder) = match &store {
-                Some(store) => first_pages::for_boot(store, &config, may_record).split(),
-                None => (None, None),
+            let (ahead, recorder) = match (&store, templates.may_create()) {
+                (Some(store), true) => first_pages::for_boot(store, &config, may_record).split(),
+                _ => (None, None),
             };
             (
                 boot::boot_mapping_ahead(&config, console, ahead.as_ref()),

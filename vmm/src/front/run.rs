@@ -114,7 +114,9 @@ pub struct RunArgs {
     /// Boot the kernel instead of restoring a template, and save none
     /// (by default a run restores the template of its machine, made by the
     /// first run that needed it: docs/snapshots.md); the boot still maps
-    /// ahead the pages its machine's first cold boot recorded
+    /// ahead the pages its machine's first cold boot touched, which that
+    /// boot records in the template directory (`mvm snapshot prune`
+    /// removes them)
     /// ($MVM_NO_SNAPSHOT: 1 or true for on, 0, false or empty for off)
     #[arg(
         long,

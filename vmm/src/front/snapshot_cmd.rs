@@ -56,7 +56,7 @@ fn entries(store: &Path) -> Vec<Entry> {
         .filter_map(Result::ok)
         .filter(|e| e.path().is_dir())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|name| is_key(name))
+        .filter(|name| template::is_key(name))
         .map(|key| Entry {
             info: fs::read(template::info_path(store, &key))
                 .ok()
@@ -66,10 +66,6 @@ fn entries(store: &Path) -> Vec<Entry> {
         .collect();
     out.sort_by(|a, b| a.key.cmp(&b.key));
     out
-}
-
-fn is_key(name: &str) -> bool {
-    name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Bytes the directory's files take on disk (a template's memory file is
@@ -92,9 +88,7 @@ fn ls(store: &Path) -> Result<i32, Failure> {
     } else {
         table(store, list);
     }
-    let sets = fs::read_dir(store.join(first_pages::BOOT_PAGES_DIR))
-        .map(|d| d.count())
-        .unwrap_or(0);
+    let sets = first_pages::count_boot_sets(store);
     if sets > 0 {
         println!(
             "boot pages: the pages {sets} machines' boots touch first, in {} (docs/snapshots.md)",
@@ -223,6 +217,7 @@ fn prune(store: &Path) -> Result<i32, Failure> {
     if sets > 0 {
         println!("removed the pages {sets} machines' boots touch first");
     }
+    removed += sets;
     println!("{removed} removed");
     Ok(0)
 }

@@ -293,10 +293,16 @@ pub fn info_path(store: &Path, key: &str) -> PathBuf {
     store.join(format!("{key}.json"))
 }
 
+/// Whether `name` is a template key (32 hex digits): what the store's
+/// entries are named by.
+pub fn is_key(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Removes template `key` and what belongs to it.
 pub fn remove(store: &Path, key: &str) {
     let _ = fs::remove_dir_all(store.join(key));
-    let _ = fs::remove_file(super::first_pages::boot_set_path(store, key));
+    super::first_pages::remove_boot_set(store, key);
     let _ = fs::remove_file(info_path(store, key));
     let _ = fs::remove_file(checked_path(store, key));
     let _ = fs::remove_file(store.join(format!("{key}.lock")));

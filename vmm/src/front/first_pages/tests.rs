@@ -81,6 +81,19 @@ fn a_run_that_sends_no_marker_records_nothing() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A template store of the caller's alone, as mvm makes it.
+fn boot_store(name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let store = template_dir(name);
+    fs::set_permissions(&store, fs::Permissions::from_mode(0o700)).unwrap();
+    store
+}
+
+/// Where the boot set of template `key`'s machine is kept.
+fn set_path(store: &Path, key: &str) -> std::path::PathBuf {
+    store.join(BOOT_PAGES_DIR).join(key)
+}
+
 /// A machine of 64 MiB whose kernel is a file in `dir`.
 fn machine(dir: &Path, cmdline: &str) -> VmConfig {
     VmConfig {
@@ -93,9 +106,9 @@ fn machine(dir: &Path, cmdline: &str) -> VmConfig {
 #[test]
 fn a_boot_records_its_machines_set_and_the_next_boots_map_it_ahead() {
     use std::os::unix::fs::PermissionsExt;
-    let store = template_dir("boot");
+    let store = boot_store("boot");
     let config = machine(&store, "panic=-1");
-    let path = boot_set_path(&store, &TemplateInfo::of(&config).unwrap().key());
+    let path = set_path(&store, &TemplateInfo::of(&config).unwrap().key());
     let FirstPages::Record(recorder) = for_boot(&store, &config, true) else {
         panic!("no set: this boot records");
     };
@@ -115,15 +128,15 @@ fn a_boot_records_its_machines_set_and_the_next_boots_map_it_ahead() {
         _ => panic!("the recorded set is not read back"),
     }
     // Another machine (another command line) has none, and a boot that
-    // may not record (one that makes a template) leaves none.
+    // may not record (a served run's) leaves none.
     let other = machine(&store, "panic=-1 quiet");
-    let other_path = boot_set_path(&store, &TemplateInfo::of(&other).unwrap().key());
+    let other_path = set_path(&store, &TemplateInfo::of(&other).unwrap().key());
     assert!(matches!(
         for_boot(&store, &other, false),
         FirstPages::Neither
     ));
     assert!(!other_path.exists());
-    // A directory others may write to is neither read nor written.
+    // A directory not the caller's alone is neither read nor written.
     fs::set_permissions(
         store.join(BOOT_PAGES_DIR),
         fs::Permissions::from_mode(0o755),
@@ -135,12 +148,28 @@ fn a_boot_records_its_machines_set_and_the_next_boots_map_it_ahead() {
             FirstPages::Neither
         ));
     }
+    // Nor is a link to a directory of the caller's, and `prune` removes
+    // nothing through it.
+    let elsewhere = boot_store("boot-elsewhere");
+    let key = TemplateInfo::of(&config).unwrap().key();
+    fs::write(elsewhere.join(&key), b"not a set").unwrap();
+    fs::remove_dir_all(store.join(BOOT_PAGES_DIR)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, store.join(BOOT_PAGES_DIR)).unwrap();
+    for may_record in [false, true] {
+        assert!(matches!(
+            for_boot(&store, &config, may_record),
+            FirstPages::Neither
+        ));
+    }
+    assert_eq!(remove_boot_sets(&store), 0);
+    assert!(elsewhere.join(&key).exists());
+    fs::remove_dir_all(&elsewhere).unwrap();
     fs::remove_dir_all(&store).unwrap();
 }
 
 #[test]
 fn boot_sets_go_with_prune_unless_being_written_and_with_their_template() {
-    let store = template_dir("boot-prune");
+    let store = boot_store("boot-prune");
     let config = machine(&store, "panic=-1");
     let key = TemplateInfo::of(&config).unwrap().key();
     let FirstPages::Record(recorder) = for_boot(&store, &config, true) else {
@@ -151,9 +180,9 @@ fn boot_sets_go_with_prune_unless_being_written_and_with_their_template() {
     let FirstPages::Record(busy) = for_boot(&store, &busy_config, true) else {
         panic!("no set: this boot records");
     };
-    assert!(boot_set_path(&store, &key).exists());
+    assert!(set_path(&store, &key).exists());
     assert_eq!(remove_boot_sets(&store), 1);
-    assert!(!boot_set_path(&store, &key).exists());
+    assert!(!set_path(&store, &key).exists());
     drop(busy);
     assert_eq!(remove_boot_sets(&store), 1, "once no run writes it");
     // `mvm snapshot rm KEY` takes the machine's set with its template.
@@ -161,8 +190,8 @@ fn boot_sets_go_with_prune_unless_being_written_and_with_their_template() {
         panic!("no set: this boot records");
     };
     recorder.write(set()).unwrap();
-    assert!(boot_set_path(&store, &key).exists());
+    assert!(set_path(&store, &key).exists());
     template::remove(&store, &key);
-    assert!(!boot_set_path(&store, &key).exists());
+    assert!(!set_path(&store, &key).exists());
     fs::remove_dir_all(&store).unwrap();
 }
