@@ -31,7 +31,10 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Boot a kernel and initramfs, streaming the guest console to stdout
-    /// (stdin goes to the console); exits 0 when the guest powers off.
+    /// (stdin goes to the console); exits 0 when the guest powers off. The
+    /// first boot of a machine records, in the template store, the guest
+    /// pages it touched until guest-init was ready; later boots of the
+    /// same machine map them ahead (`mvm snapshot prune` removes them).
     Boot {
         #[command(flatten)]
         vm: VmArgs,

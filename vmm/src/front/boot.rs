@@ -3,6 +3,11 @@
 //! also save the machine as soon as guest-init is ready
 //! (`--snapshot-at-ready`), and start from such a snapshot instead of
 //! booting (`--restore`): docs/snapshots.md.
+//!
+//! A cold boot maps ahead the pages earlier boots of the same machine
+//! touched up to guest-init's ready marker, and the first such boot
+//! records them (front/first_pages.rs; docs/snapshots.md, "The pages a
+//! boot touches first").
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -10,11 +15,15 @@ use std::time::Instant;
 use clap::Args;
 use mvm_devices::legacy::BOOT_MARKER_INIT_READY;
 
+use super::first_pages::{self, Recorder};
+use super::template;
 use super::{
     confine_vmm, outcome_failure, print_stats, refuse_software_kvm, setup_failure, vmm_failure,
     Failure, SessionMoments, VmArgs, BASE_CMDLINE,
 };
+use crate::config::VmConfig;
 use crate::console::ConsoleOutput;
+use crate::machine::working_set::WorkingSet;
 use crate::machine::{self, boot, Machine, Outcome, StopReason};
 use crate::timeline::Timeline;
 
@@ -45,9 +54,17 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
     let console = ConsoleOutput::new(Box::new(std::io::stdout()));
     let mut front = Timeline::default();
     front.mark("arguments parsed");
+    let mut recorder = None;
     let mut machine = match &snap.restore {
         Some(dir) => machine::restore(&config, console, dir)?,
-        None => boot::boot(&config, console)?,
+        // A machine booted to be saved maps nothing ahead: each page it
+        // maps is one more its snapshot holds.
+        None if snap.snapshot_at_ready.is_some() => boot::boot(&config, console)?,
+        None => {
+            let ahead;
+            (ahead, recorder) = boot_set(&config);
+            boot::boot_mapping_ahead(&config, console, ahead.as_ref())?
+        }
     };
     if snapshot_parent.is_some() {
         crate::confine::seccomp::allow_snapshots();
@@ -66,6 +83,15 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
     if let Some(dir) = &snap.snapshot_at_ready {
         return snapshot_at_ready(machine, dir, deadline, args.timeout, &front, started);
     }
+    if let Some(recorder) = recorder {
+        first_pages::record_at_marker(
+            &mut machine,
+            recorder,
+            BOOT_MARKER_INIT_READY,
+            deadline,
+            &mut front,
+        )?;
+    }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
     print_stats(
         args.print_stats,
@@ -78,6 +104,17 @@ pub fn boot(args: &VmArgs, snap: &SnapshotArgs, started: Instant) -> Result<i32,
     match ended.outcome {
         Outcome::Exited(_) | Outcome::Stopped => Ok(0),
         other => Err(outcome_failure(other, args.timeout)),
+    }
+}
+
+/// The pages earlier boots of `config`'s machine touched, or the
+/// recorder of this boot's, kept in the template store as `mvm run`'s
+/// cold boots keep theirs (the machine's command line, and so its key,
+/// differs from any `mvm run` machine's). Neither without a store.
+fn boot_set(config: &VmConfig) -> (Option<WorkingSet>, Option<Recorder>) {
+    match template::store_dir() {
+        Some(store) => first_pages::for_boot(&store, config, true).split(),
+        None => (None, None),
     }
 }
 

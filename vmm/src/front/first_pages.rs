@@ -22,8 +22,6 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mvm_protocol::boot::MARKER_MACHINE_SET_UP;
-
 use super::template::{self, TemplateInfo};
 use super::{vmm_failure, Failure};
 use crate::config::VmConfig;
@@ -198,18 +196,21 @@ impl Recorder {
     }
 }
 
-/// Serves `machine` (restored or booted, started) until its agent has
-/// set it up, then records there the pages it touched so far: the run
-/// that found none. A machine that stops first records nothing. Marks the timeline
-/// when it recorded; a recording that fails is a warning.
+/// Serves `machine` (restored or booted, started) until its guest
+/// reports `marker` (`mvm run`: the agent has set the machine up; `mvm
+/// boot`: guest-init is ready), then records there the pages it touched
+/// so far: the run that found none. A machine that stops first records
+/// nothing. Marks the timeline when it recorded; a recording that fails
+/// is a warning.
 pub fn record_at_marker(
     machine: &mut Machine,
     recorder: Recorder,
+    marker: u8,
     deadline: Option<Instant>,
     front: &mut Timeline,
 ) -> Result<(), Failure> {
     let wait = machine
-        .run_until_marker(MARKER_MACHINE_SET_UP, deadline)
+        .run_until_marker(marker, deadline)
         .map_err(vmm_failure)?;
     if wait != Wait::Done {
         return Ok(());

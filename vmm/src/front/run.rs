@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use mvm_protocol::boot::agent_param;
+use mvm_protocol::boot::{agent_param, MARKER_MACHINE_SET_UP};
 use mvm_protocol::ExecRequest;
 
 use super::command_args::CommandArgs;
@@ -364,7 +364,13 @@ fn run_in_vm(
         }
     }
     if let Some(recorder) = recorder {
-        first_pages::record_at_marker(&mut machine, recorder, deadline, &mut front)?;
+        first_pages::record_at_marker(
+            &mut machine,
+            recorder,
+            MARKER_MACHINE_SET_UP,
+            deadline,
+            &mut front,
+        )?;
     }
     let ended = machine.wait(deadline).map_err(vmm_failure)?;
     if let Some(at) = writer.and_then(TemplateWriter::finish) {
