@@ -31,8 +31,10 @@ export MVM_CACHE ?= $(HOME)/.cache/mvm
 TARGET   := x86_64-unknown-linux-gnu
 # Static binaries: mvm runs inside the test host's bare initramfs and
 # guest-init is PID 1 of a guest with no libc. --target keeps crt-static
-# off build scripts and proc macros.
-STATIC   := RUSTFLAGS="-C target-feature=+crt-static"
+# off build scripts and proc macros. Relative relocations packed (RELR:
+# binutils 2.38, glibc 2.36): the self-relocating static-pie start reads
+# 5 KiB of them instead of 600 (docs/benchmarks.md).
+STATIC   := RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs"
 RELEASE  := target/$(TARGET)/release
 CARGO_SRCS := Cargo.toml Cargo.lock $(shell find vmm devices guest-init protocol egress image -name '*.rs' -o -name Cargo.toml)
 
