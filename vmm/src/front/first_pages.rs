@@ -18,7 +18,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -82,9 +82,18 @@ pub fn for_boot(store: &Path, config: &VmConfig, may_record: bool) -> FirstPages
     let Ok(info) = TemplateInfo::of(config) else {
         return FirstPages::Neither;
     };
-    let dir = store.join(BOOT_PAGES_DIR);
-    if template::make_store(store).is_err() || template::make_store(&dir).is_err() {
+    if template::make_store(store).is_err() {
         return FirstPages::Neither;
+    }
+    // Made here when missing; whether it may be used is for `sets_dir`
+    // to say, which looks at it once and does not follow a link.
+    match fs::DirBuilder::new()
+        .mode(0o700)
+        .create(store.join(BOOT_PAGES_DIR))
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(_) => return FirstPages::Neither,
     }
     match sets_dir(store) {
         Some(dir) => at(&dir.join(info.key()), config.mem_size, may_record),
