@@ -17,6 +17,9 @@ host's tmpfs and runs, after one warm-up each, N interleaved rounds of:
            records the pages its runs touch first)
   first    the same as a machine's first run, which makes its template
            (an empty template store each round)
+  fresh    a cold boot in an empty template store too (`--no-snapshot`,
+           no boot set recorded yet): what the first run's boot would
+           cost without making a template
   QEMU     -M microvm -accel kvm, same guest kernel (as a bzImage) and
            initramfs, guest-init running `true` from mvm.cmd; once for
            times, once stopped at the command's exit for its memory
@@ -139,6 +142,12 @@ first_run() {{
     MVM_TEMPLATES="$W/first" "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true
     rm -rf "$W/first"
 }}
+# The same machine booted cold in an empty store: no template and no boot
+# set to map ahead (docs/benchmarks.md), as the first run has none.
+fresh_run() {{
+    MVM_TEMPLATES="$W/fresh" "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --no-snapshot --print-stats --console -- true
+    rm -rf "$W/fresh"
+}}
 # Memory runs, apart from the timed ones (sampling /proc every 20 ms costs
 # the test host's one CPU): the peak Pss of the whole process tree, mvm
 # and virtiofsd (and its sandbox process) together.
@@ -204,6 +213,7 @@ while [ $i -le $N ]; do
     mvm_run mvm.run.$i
     tpl_run tpl.run.$i
     first_run first.run.$i
+    fresh_run fresh.run.$i
     [ "$QEMU" = 0 ] || qemu_run qemu.run.$i
     [ "$BWRAP" = 0 ] || bwrap_run bwrap.run.$i
     mvm_mem mvm.mem.$i
@@ -590,7 +600,7 @@ def first_run_table(runs, n):
                     got["saved"].append(float(mm.group(1)))
                     got["paused"].append(float(mm.group(2)))
         return got
-    cold, first = moments("mvm"), moments("first")
+    cold, first, fresh = moments("mvm"), moments("first"), moments("fresh")
     if not first["sent"] or not cold["sent"]:
         return []
 
@@ -599,18 +609,20 @@ def first_run_table(runs, n):
     return [
         "",
         "A machine's first run (which makes its template: copied while guest-init waits, written "
-        "by a thread of its own while the run goes on) next to a cold one (`--no-snapshot`), medians in ms from mvm's start "
-        f"(`--print-stats`), of {len(first['sent'])} first runs and {len(cold['sent'])} cold ones "
-        f"({n} rounds):",
+        "by a thread of its own while the run goes on) next to cold ones (`--no-snapshot`): in an empty "
+        "template store, as the first run boots (no boot set to map ahead yet), and in the store whose "
+        "set the warm-up recorded. Medians in ms from mvm's start "
+        f"(`--print-stats`), of {len(first['sent'])} first runs, {len(fresh['sent'])} cold ones in an "
+        f"empty store and {len(cold['sent'])} with the set ({n} rounds):",
         "",
-        "| | first run | cold run |",
-        "| --- | --- | --- |",
-        f"| guest-init ready | {med(first['ready'])} | {med(cold['ready'])} |",
-        f"| ready to the command sent | {med(first['wait'])} | {med(cold['wait'])} |",
-        f"| the command sent | {med(first['sent'])} | {med(cold['sent'])} |",
-        f"| the run, fork to exit | {med(first['end'])} | {med(cold['end'])} |",
-        f"| the guest paused for the copy | {med(first['paused'])} | |",
-        f"| the template written, beside the run | {med(first['saved'])} | |",
+        "| | first run | cold, empty store | cold, boot set mapped |",
+        "| --- | --- | --- | --- |",
+        f"| guest-init ready | {med(first['ready'])} | {med(fresh['ready'])} | {med(cold['ready'])} |",
+        f"| ready to the command sent | {med(first['wait'])} | {med(fresh['wait'])} | {med(cold['wait'])} |",
+        f"| the command sent | {med(first['sent'])} | {med(fresh['sent'])} | {med(cold['sent'])} |",
+        f"| the run, fork to exit | {med(first['end'])} | {med(fresh['end'])} | {med(cold['end'])} |",
+        f"| the guest paused for the copy | {med(first['paused'])} | | |",
+        f"| the template written, beside the run | {med(first['saved'])} | | |",
     ]
 
 
@@ -839,8 +851,10 @@ def main():
             lines.append(f"  (without --unshare-ipc: `--unshare-all` failed here, "
                          f"{runs['bwrap.run.warm'].why_failed()}; this kernel has no IPC namespaces)")
     problems = [f"- {names[m]}: {f}" for m, _ in MONITORS for f in failures[m]]
-    problems += [f"- first run {i}: {runs[f'first.run.{i}'].why_failed()}" for i in range(1, args.runs + 1)
-                 if f"first.run.{i}" in runs and runs[f"first.run.{i}"].why_failed() is not None]
+    problems += [f"- {kind} run {i}: {runs[f'{label}.run.{i}'].why_failed()}"
+                 for label, kind in (("first", "first"), ("fresh", "cold, empty store"))
+                 for i in range(1, args.runs + 1)
+                 if f"{label}.run.{i}" in runs and runs[f"{label}.run.{i}"].why_failed() is not None]
     problems += [f"- {line}" for line in leftovers]
     problems += [f"- unexpected output: {line}" for line in other
                  if not line.startswith(("round ", "skip ", "fail "))]
