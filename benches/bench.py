@@ -102,12 +102,17 @@ NOT_APPLICABLE = {
 }
 
 
+# What the test host writes and frees before each timed run (SETUP's
+# `launder`).
+LAUNDER_MIB = 256
+
 SETUP = r"""
 set -u
 B={build}
 N={runs}
 QEMU={qemu}
 BWRAP={bwrap}
+LAUNDER={launder}
 W=$(mktemp -d "${{TMPDIR:-/tmp}}/mvm-bench.XXXXXX") || exit 1
 trap 'cd /; rm -rf "$W"' EXIT
 # Everything on the local (tmpfs) file system: the test host sees build/
@@ -122,6 +127,14 @@ mkdir -p "$W/bin" "$W/share/mvm" "$W/libexec/mvm" "$W/ws" &&
 ln -s "$B/share/mvm/images" "$W/share/mvm/images" || exit 1
 P=$W/peers
 X=$P/bin/exectime
+# Before each timed run in the TCG test host: write LAUNDER MiB of its
+# memory and free it again. A VM's guest pages freed by the run before
+# held code that TCG translated, and the first write to such a page costs
+# the writer far more than to any other (QEMU drops the page's
+# translations); a restored run, which copies its written pages first,
+# took 1345-1418 ms right after a cold run and 560-597 ms after this
+# (docs/benchmarks.md, "The run before"). Hardware has no such cost: 0.
+launder() {{ [ "$LAUNDER" = 0 ] || {{ dd if=/dev/zero of="$W/launder" bs=1M count="$LAUNDER" 2>/dev/null; rm -f "$W/launder"; }}; }}
 echo "info cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "info kernel $(uname -r)"
 echo "info thp $(sed 's/.*\[\(.*\)\].*/\1/' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo none)"
@@ -210,18 +223,18 @@ fi
 
 i=1
 while [ $i -le $N ]; do
-    mvm_run mvm.run.$i
-    tpl_run tpl.run.$i
-    first_run first.run.$i
-    fresh_run fresh.run.$i
-    [ "$QEMU" = 0 ] || qemu_run qemu.run.$i
-    [ "$BWRAP" = 0 ] || bwrap_run bwrap.run.$i
+    launder; mvm_run mvm.run.$i
+    launder; tpl_run tpl.run.$i
+    launder; first_run first.run.$i
+    launder; fresh_run fresh.run.$i
+    [ "$QEMU" = 0 ] || {{ launder; qemu_run qemu.run.$i; }}
+    [ "$BWRAP" = 0 ] || {{ launder; bwrap_run bwrap.run.$i; }}
     mvm_mem mvm.mem.$i
     tpl_mem tpl.mem.$i
     [ "$BWRAP" = 0 ] || bwrap_run bwrap.mem.$i --tree
     # Stopped at the command's exit line to read its guest RAM's Rss.
     [ "$QEMU" = 0 ] || qemu_run qemu.mem.$i --snapshot-at "mvm-init: exit status" --guest-kib {kib} --tree
-    version mvm.ver.$i mvm
+    launder; version mvm.ver.$i mvm
     [ "$QEMU" = 0 ] || version qemu.ver.$i qemu-system-x86_64
     [ "$BWRAP" = 0 ] || version bwrap.ver.$i bwrap
     echo "round $i $(cut -d' ' -f1 /proc/uptime)"
@@ -706,6 +719,7 @@ def main():
         qemu=0 if "qemu" in skipped else 1, bwrap=0 if "bwrap" in skipped else 1,
         mib=GUEST_MIB, kib=GUEST_MIB * 1024, append=shlex.quote(QEMU_APPEND),
         bw_all=BWRAP_NS_ALL, bw_no_ipc=BWRAP_NS_NO_IPC, bw_base=BWRAP_BASE,
+        launder=0 if hw else LAUNDER_MIB,
     )
     where = "directly" if hw else "inside one test host"
     print(f"bench: {kind}; CPU {model}; {args.runs} rounds after 1 warm-up, {where} "
@@ -782,7 +796,10 @@ def main():
         "gets initramfs.cpio (guest-init and busybox, whose `true` it runs), mvm's default run, whose "
         "root is the image, initramfs-image.cpio (guest-init alone); "
         f"{GUEST_MIB} MiB, 1 vCPU",
-        f"- {args.runs} interleaved rounds after 1 warm-up of each; {elapsed:.0f} s in all",
+        f"- {args.runs} interleaved rounds after 1 warm-up of each; {elapsed:.0f} s in all"
+        + ("" if hw else f"; before each timed run the test host wrote and freed {LAUNDER_MIB} MiB of its "
+           "memory, so that no run pays for the TCG translations of the guest pages the run before "
+           "freed (docs/benchmarks.md, \"The run before\")"),
         "",
         "Ratios are mvm's median over the peer's: below 1, mvm is faster or smaller. Cells: "
         "**median** (p90; min-max).",
