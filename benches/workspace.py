@@ -85,6 +85,9 @@ def parse(lines):
     return got
 
 
+# What the test host writes and frees before each machine (RUNS).
+LAUNDER_MIB = 256
+
 # The machines each round times: in this order in even rounds, the other
 # way round in odd ones. The template the restored one starts from is
 # made first, by a run of the same machine (`-- true`).
@@ -100,8 +103,14 @@ cat >{d}/guest.sh <<'GUEST_END'
 GUEST_END
 FLAGS='--image none --workspace {d} --memory 1G --print-stats'
 $MVM run $FLAGS -- true 2>/run/tmp/fs-template.err || {{ echo "template failed"; tail -5 /run/tmp/fs-template.err; exit 1; }}
+# Before each machine in the TCG test host: LAUNDER MiB of its memory
+# written and freed, so that neither machine pays for the TCG
+# translations on the pages the machine before freed (docs/benchmarks.md,
+# "The run before"); 0 on hardware.
+LAUNDER={launder}
 one() {{
   mode=$1; shift
+  [ "$LAUNDER" = 0 ] || {{ dd if=/dev/zero of=/run/tmp/fs-launder bs=1M count=$LAUNDER 2>/dev/null; rm -f /run/tmp/fs-launder; }}
   $MVM run $FLAGS "$@" -- sh ./guest.sh >/run/tmp/fs-$mode.out 2>/run/tmp/fs-$mode.err || {{ echo "$mode failed"; tail -5 /run/tmp/fs-$mode.err; exit 1; }}
   sed "s/^/$mode /" /run/tmp/fs-$mode.out
   echo "$mode restored $(grep -c 'restored from a template' /run/tmp/fs-$mode.err)"
@@ -110,10 +119,10 @@ one() {{
 """
 
 
-def one_round(i):
+def one_round(i, hw):
     order = MODES if i % 2 == 0 else MODES[::-1]
     runs = "\n".join(f"one {mode} {flag}".rstrip() for mode, flag in order)
-    script = HOST_SETUP + RUNS.format(d=DIR, guest=GUEST, runs=runs)
+    script = HOST_SETUP + RUNS.format(d=DIR, guest=GUEST, runs=runs, launder=0 if hw else LAUNDER_MIB)
     env = dict(os.environ, MVM_TESTHOST_SETUP=script, MVM_TESTHOST_TIMEOUT="900")
     env.pop("MVM_TESTHOST_AFTER", None)
     out = subprocess.run(
@@ -149,7 +158,7 @@ def main():
     kind, model, hw = host_type()
     rounds = []
     for i in range(args.n):
-        rounds.append(one_round(i))
+        rounds.append(one_round(i, hw))
         print(f"round {i + 1}/{args.n}: host {rounds[-1][0]}, guests {rounds[-1][1]}", file=sys.stderr)
 
     def median(values):
@@ -187,7 +196,9 @@ def main():
             "" if hw else " Under TCG every figure is emulated time, and the guest runs"
             " under nested KVM on top of it: read the ratios, not the times."
             " The test host's transparent huge pages: "
-            f"{rounds[0][0].get('thp', '?')}."),
+            f"{rounds[0][0].get('thp', '?')}. Before each machine the test host wrote and freed"
+            f" {LAUNDER_MIB} MiB of its memory, so that neither pays for the TCG translations on"
+            " the pages the machine before it freed (docs/benchmarks.md, \"The run before\")."),
         "Times come from the clock read by busybox `adjtimex` (microseconds), less the",
         "cost of reading it (timed around an empty command in the same place).",
         "",
