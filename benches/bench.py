@@ -148,6 +148,12 @@ mvm_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --no-snapshot --
 # From a template kept on the same tmpfs: its warm-up run makes it.
 export MVM_TEMPLATES="$W/tpl"
 tpl_run() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --print-stats --console -- true; }}
+# The same two without --print-stats, whose report (the timeline, KVM's
+# counters) costs mvm's end about 30 ms in the test host that QEMU does
+# not spend (docs/benchmarks.md, "Teardown"): the command and teardown
+# rows are timed on these, boot to init and the timeline on the others.
+mvm_plain() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --no-snapshot --console -- true; }}
+tpl_plain() {{ "$X" --label "$1" --timeout 60 -- "$W/bin/mvm" run --console -- true; }}
 tpl_mem() {{ "$X" --label "$1" --tree --timeout 60 -- "$W/bin/mvm" run --print-stats -- true; }}
 # A machine's first run, which makes its template: a store of its own
 # each time, removed after.
@@ -225,6 +231,8 @@ i=1
 while [ $i -le $N ]; do
     launder; mvm_run mvm.run.$i
     launder; tpl_run tpl.run.$i
+    launder; mvm_plain mvm.plain.$i
+    launder; tpl_plain tpl.plain.$i
     launder; first_run first.run.$i
     launder; fresh_run fresh.run.$i
     [ "$QEMU" = 0 ] || {{ launder; qemu_run qemu.run.$i; }}
@@ -425,17 +433,22 @@ def measure_mvm(runs, i, m, values, failures):
             mm = STAT_LINE.match(text)
             if fd == 2 and mm:
                 stats[mm.group(1)] = float(mm.group(2))
-        end = r.exit[0]
         if "boot to init" in stats:
             values["boot"].append(stats["boot to init"])
+    elif r:
+        failures.append(f"run {i}: {r.why_failed()}")
+    # The command and its teardown from the run without --print-stats.
+    r = runs.get(f"{m}.plain.{i}")
+    if r and r.why_failed() is None:
+        end = r.exit[0]
         values["command"].append(end)
         done = r.first_line(2, "mvm-init: exit status ")
         if done and done[1] == "mvm-init: exit status 0":
             values["teardown"].append(end - done[0])
         else:
-            failures.append(f"run {i}: no 'exit status 0' console line")
+            failures.append(f"plain run {i}: no 'exit status 0' console line")
     elif r:
-        failures.append(f"run {i}: {r.why_failed()}")
+        failures.append(f"plain run {i}: {r.why_failed()}")
     r = runs.get(f"{m}.mem.{i}")
     if r and r.why_failed() is None and r.tree:
         stats = {}
@@ -847,7 +860,9 @@ def main():
         "port 0x440, timestamped by mvm; QEMU from the fork of its process to the same marker byte, "
         "written by an isa-debugcon device at 0x440 to a pipe that benches/exectime timestamps. QEMU's "
         "figure thus includes its exec and dynamic linking, mvm's does not (see the binary start row).",
-        "- command: fork to the process reaped, by exectime, for all three.",
+        "- command: fork to the process reaped, by exectime, for all three; mvm's (and its teardown) "
+        "from runs of their own without --print-stats, whose report costs about 30 ms that QEMU "
+        "does not spend; boot to init and the timeline from the runs with it.",
         "- teardown: from guest-init's 'mvm-init: exit status 0' console line (printed once the command "
         "has exited, before the status write and the reset) to the process reaped, by exectime, for both "
         "VMMs (mvm with --console, so that its guest console reaches exectime on stderr as QEMU's serial "
