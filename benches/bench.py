@@ -102,9 +102,20 @@ NOT_APPLICABLE = {
 }
 
 
-# What the test host writes and frees before each timed run (SETUP's
-# `launder`).
+# What the test host writes and frees before each timed run (`launder`,
+# below; benches/workspace.py runs it too).
 LAUNDER_MIB = 256
+# Before each timed run in the TCG test host: write LAUNDER MiB of its
+# memory (to the file LAUNDER_FILE) and free it again. A VM's guest pages
+# freed by the run before held code that TCG translated, and the first
+# write to such a page costs the writer far more than to any other (QEMU
+# drops the page's translations); a restored run, which copies its
+# written pages first, took 1345-1418 ms right after a cold run and
+# 560-597 ms after this (docs/benchmarks.md, "The run before"). Hardware
+# has no such cost: LAUNDER=0 there. Put into the scripts by `format`, so
+# its braces stay single.
+LAUNDER_SH = ('launder() { [ "$LAUNDER" = 0 ] || { dd if=/dev/zero of="$LAUNDER_FILE" bs=1M '
+              'count="$LAUNDER" 2>/dev/null; rm -f "$LAUNDER_FILE"; }; }')
 
 SETUP = r"""
 set -u
@@ -127,14 +138,8 @@ mkdir -p "$W/bin" "$W/share/mvm" "$W/libexec/mvm" "$W/ws" &&
 ln -s "$B/share/mvm/images" "$W/share/mvm/images" || exit 1
 P=$W/peers
 X=$P/bin/exectime
-# Before each timed run in the TCG test host: write LAUNDER MiB of its
-# memory and free it again. A VM's guest pages freed by the run before
-# held code that TCG translated, and the first write to such a page costs
-# the writer far more than to any other (QEMU drops the page's
-# translations); a restored run, which copies its written pages first,
-# took 1345-1418 ms right after a cold run and 560-597 ms after this
-# (docs/benchmarks.md, "The run before"). Hardware has no such cost: 0.
-launder() {{ [ "$LAUNDER" = 0 ] || {{ dd if=/dev/zero of="$W/launder" bs=1M count="$LAUNDER" 2>/dev/null; rm -f "$W/launder"; }}; }}
+LAUNDER_FILE=$W/launder
+{launder_sh}
 echo "info cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "info kernel $(uname -r)"
 echo "info thp $(sed 's/.*\[\(.*\)\].*/\1/' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo none)"
@@ -732,7 +737,7 @@ def main():
         qemu=0 if "qemu" in skipped else 1, bwrap=0 if "bwrap" in skipped else 1,
         mib=GUEST_MIB, kib=GUEST_MIB * 1024, append=shlex.quote(QEMU_APPEND),
         bw_all=BWRAP_NS_ALL, bw_no_ipc=BWRAP_NS_NO_IPC, bw_base=BWRAP_BASE,
-        launder=0 if hw else LAUNDER_MIB,
+        launder=0 if hw else LAUNDER_MIB, launder_sh=LAUNDER_SH,
     )
     where = "directly" if hw else "inside one test host"
     print(f"bench: {kind}; CPU {model}; {args.runs} rounds after 1 warm-up, {where} "

@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WRAPPER, host_type, write_result  # noqa: E402
+from bench import LAUNDER_MIB, LAUNDER_SH, ROOT, WRAPPER, host_type, write_result  # noqa: E402
 
 DIR = "/run/tmp/mvm-bench-fs"
 MB = 200
@@ -85,9 +85,6 @@ def parse(lines):
     return got
 
 
-# What the test host writes and frees before each machine (RUNS).
-LAUNDER_MIB = 256
-
 # The machines each round times: in this order in even rounds, the other
 # way round in odd ones. The template the restored one starts from is
 # made first, by a run of the same machine (`-- true`).
@@ -103,14 +100,15 @@ cat >{d}/guest.sh <<'GUEST_END'
 GUEST_END
 FLAGS='--image none --workspace {d} --memory 1G --print-stats'
 $MVM run $FLAGS -- true 2>/run/tmp/fs-template.err || {{ echo "template failed"; tail -5 /run/tmp/fs-template.err; exit 1; }}
-# Before each machine in the TCG test host: LAUNDER MiB of its memory
-# written and freed, so that neither machine pays for the TCG
-# translations on the pages the machine before freed (docs/benchmarks.md,
-# "The run before"); 0 on hardware.
+# Before each machine in the TCG test host: bench.py's `launder`, so
+# that neither machine pays for the TCG translations on the pages the
+# machine before freed (docs/benchmarks.md, "The run before").
 LAUNDER={launder}
+LAUNDER_FILE=/run/tmp/fs-launder
+{launder_sh}
 one() {{
   mode=$1; shift
-  [ "$LAUNDER" = 0 ] || {{ dd if=/dev/zero of=/run/tmp/fs-launder bs=1M count=$LAUNDER 2>/dev/null; rm -f /run/tmp/fs-launder; }}
+  launder
   $MVM run $FLAGS "$@" -- sh ./guest.sh >/run/tmp/fs-$mode.out 2>/run/tmp/fs-$mode.err || {{ echo "$mode failed"; tail -5 /run/tmp/fs-$mode.err; exit 1; }}
   sed "s/^/$mode /" /run/tmp/fs-$mode.out
   echo "$mode restored $(grep -c 'restored from a template' /run/tmp/fs-$mode.err)"
@@ -122,7 +120,8 @@ one() {{
 def one_round(i, hw):
     order = MODES if i % 2 == 0 else MODES[::-1]
     runs = "\n".join(f"one {mode} {flag}".rstrip() for mode, flag in order)
-    script = HOST_SETUP + RUNS.format(d=DIR, guest=GUEST, runs=runs, launder=0 if hw else LAUNDER_MIB)
+    script = HOST_SETUP + RUNS.format(d=DIR, guest=GUEST, runs=runs, launder=0 if hw else LAUNDER_MIB,
+                                        launder_sh=LAUNDER_SH)
     env = dict(os.environ, MVM_TESTHOST_SETUP=script, MVM_TESTHOST_TIMEOUT="900")
     env.pop("MVM_TESTHOST_AFTER", None)
     out = subprocess.run(
