@@ -54,6 +54,8 @@ pub const BOUNCE_POOL_PAGES_OFFSET: u16 = 12;
 /// vCPUs shares areas between them (more contention on an area's lock,
 /// not less room).
 pub const BOUNCE_PARAM: &str = "swiotlb=4096,4,force";
+/// The size of the pool [`BOUNCE_PARAM`] asks for: 4096 slabs of 2 KiB.
+pub const BOUNCE_POOL_BYTES: u64 = 8 << 20;
 /// Also passed with [`BOUNCE_PARAM`]: x86 Linux logs where the pool lies
 /// ([`BOUNCE_POOL_LOG`]) only when software bounce buffering is its
 /// IOMMU choice (`pci_iommu_init`); a guest without an IOMMU loses
@@ -375,7 +377,8 @@ mod tests {
         };
         let (slabs, areas): (u64, u64) = (slabs.parse().unwrap(), areas.parse().unwrap());
         const SLAB: u64 = 2048;
-        assert_eq!(slabs * SLAB, 8 << 20);
+        assert_eq!(slabs * SLAB, BOUNCE_POOL_BYTES);
+        assert_eq!(BOUNCE_POOL_BYTES, 8 << 20);
         // The kernel rounds an area count up to a power of two, and where
         // an area would hold fewer slabs than one largest mapping
         // (IO_TLB_SEGSIZE, 128) it grows the pool to fit: then neither the

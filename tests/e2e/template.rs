@@ -179,6 +179,18 @@ fn runs_restore_the_template_the_first_run_saved_and_are_not_twins() {
         "the first run's timeline: {}",
         run.stderr
     );
+    // It mapped the bounce pool ahead where the guest's kernel put it
+    // (vmm/src/machine/fs.rs, `expected_bounce_pool`: a guess from the
+    // kernel's allocations, which another kernel or config can move; the
+    // first run then pays for the pool's pages again).
+    assert!(
+        run.stderr
+            .lines()
+            .any(|l| l.starts_with("mvm: bounce pool mapped ahead at 0x")
+                && l.ends_with(", where the guest put it")),
+        "the first run's pool: {}",
+        run.stderr
+    );
     assert!(
         run.stderr.contains("while the run went on"),
         "{}",

@@ -129,6 +129,18 @@ pub(crate) fn print_stats(
             private >> 10
         );
     }
+    if let Some((ahead, reported)) = machine.bounce_pool_ahead() {
+        // docs/snapshots.md, "The first run".
+        let hit = match reported {
+            Some(pool) if pool == ahead => "where the guest put it".to_string(),
+            Some(pool) => format!("but the guest put it at {:#x}-{:#x}", pool.start, pool.end),
+            None => "but the guest reported none".to_string(),
+        };
+        eprintln!(
+            "mvm: bounce pool mapped ahead at {:#x}-{:#x}, {hit}",
+            ahead.start, ahead.end
+        );
+    }
     if let Some(kib) = machine.guest_resident_kib() {
         eprintln!("mvm: guest resident: {kib} KiB");
     }

@@ -4,8 +4,9 @@
 //! vCPU fds), then what only a boot does: kernel, initramfs, command line
 //! and boot_params, MP table, and each vCPU's CPUID (KVM's supported set,
 //! plus what it emulates without listing it), MSRs, registers and LAPIC;
-//! last, the pages the guest will run through first mapped ahead. The
-//! result is ready to start.
+//! last, the pages the guest will run through first mapped ahead (and
+//! the bounce pool, which the guest of a machine that makes a template
+//! zeroes). The result is ready to start.
 
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::Cap;
@@ -15,7 +16,7 @@ use vm_memory::GuestAddress;
 
 use super::create::create;
 use super::working_set::WorkingSet;
-use super::{kernel, memory, Error, Machine};
+use super::{fs, kernel, memory, Error, Machine};
 use crate::arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START};
 use crate::arch::x86_64::{boot_params, cpuid, mptable};
 use crate::config::VmConfig;
@@ -88,9 +89,14 @@ pub fn boot_mapping_ahead(
         }
         None => Vec::new(),
     };
+    // The pool the guest of a machine that makes a template zeroes.
+    machine.pool_ahead = initrd
+        .filter(|_| fs::bounces(config))
+        .and_then(|(addr, _)| fs::expected_bounce_pool(config.mem_size, addr.0));
     let loaded = std::iter::once(kernel.start..kernel.end)
         .chain(initrd_range)
         .chain(ahead_ranges)
+        .chain(machine.pool_ahead.clone())
         .collect();
     machine.prefault(&memory::union(loaded));
     machine.cmdline = cmdline_text;

@@ -147,6 +147,7 @@ pub fn create(
         timeline,
         restored: false,
         mapped_ahead: None,
+        pool_ahead: None,
         vsock_dialer,
     };
     Ok((machine, kvm))

@@ -5,6 +5,7 @@
 //! run's business, told in the exec channel's setup (docs/protocol.md),
 //! not the machine's: a template's device serves any directory.
 
+use std::ops::Range;
 use std::os::unix::net::UnixStream;
 
 use mvm_devices::virtio::fs;
@@ -26,10 +27,46 @@ pub fn fs_id(tag: &str) -> String {
 /// machine is told to make no pool at all; its DMA API then maps buffers
 /// where they lie (there is no IOMMU).
 pub fn bounce_params(config: &VmConfig) -> Vec<String> {
-    match config.fs_bounce_pool && !config.shares.is_empty() {
+    match bounces(config) {
         true => vec![boot::BOUNCE_PARAM.into(), boot::BOUNCE_LOG_PARAM.into()],
         false => vec![boot::NO_BOUNCE_PARAM.into()],
     }
+}
+
+/// Whether the guest of `config` makes the bounce pool.
+pub fn bounces(config: &VmConfig) -> bool {
+    config.fs_bounce_pool && !config.shares.is_empty()
+}
+
+/// The largest machine whose pool [`expected_bounce_pool`] foresees: up
+/// to 1 GiB its guess was the kernel's at every size tried; at 2 GiB the
+/// kernel put the pool 2 MiB lower, at 3 GiB 6 MiB lower.
+pub const POOL_FORESEEN_UP_TO: u64 = 1 << 30;
+
+/// Where mvm's guest kernel (guest-kernel/guest.config) puts the bounce
+/// pool of a machine of `mem_size` bytes whose initramfs starts at
+/// `initrd_start`, so that a machine that makes a template can map the
+/// pool ahead (prefault.rs): its guest zeroes all 8 MiB of it during
+/// boot, otherwise one exit to KVM per 4 KiB page, 2048 of them
+/// (docs/snapshots.md, "The first run"). The kernel takes the pool from
+/// the top of low memory down, right below what it took there before:
+/// the pages of its memory map (2 MiB blocks, one per 128 MiB of RAM),
+/// below a 2 MiB block of smaller allocations, below the 2 MiB block the
+/// initramfs (put at the top of RAM: kernel.rs) begins in. Found by
+/// booting machines of 256 MiB to 5 GiB and reading the kernel's record
+/// of it; a test boots the default machine and checks the guess
+/// (tests/e2e/template.rs). None above [`POOL_FORESEEN_UP_TO`]. A guess
+/// that misses costs the pages mapped for nothing, 8 MiB at most, and
+/// the boot then pays for the pool as it did before.
+pub fn expected_bounce_pool(mem_size: u64, initrd_start: u64) -> Option<Range<u64>> {
+    const BLOCK: u64 = 2 << 20;
+    const SECTION: u64 = 128 << 20;
+    if mem_size > POOL_FORESEEN_UP_TO {
+        return None;
+    }
+    let memory_map = mem_size.div_ceil(SECTION) * BLOCK;
+    let end = (initrd_start / BLOCK * BLOCK).checked_sub(BLOCK + memory_map)?;
+    Some(end.checked_sub(boot::BOUNCE_POOL_BYTES)?..end)
 }
 
 /// `on_hangup` runs if the backend goes away.
@@ -106,5 +143,23 @@ mod tests {
         assert_eq!(bounce_params(&config(3, true)), pool);
         assert_eq!(bounce_params(&config(1, false)), [boot::NO_BOUNCE_PARAM]);
         assert_eq!(bounce_params(&config(0, true)), [boot::NO_BOUNCE_PARAM]);
+    }
+
+    /// What the kernel logged (`RAMDISK:` and `software IO TLB: mapped`)
+    /// when booted with the pool at these sizes, mvm's two initramfs.
+    #[test]
+    fn the_pool_is_expected_where_the_kernel_put_it() {
+        const MIB: u64 = 1 << 20;
+        for (mem, initrd, pool) in [
+            (256 * MIB, 0x0fec_7000, 0x0f00_0000..0x0f80_0000),
+            (512 * MIB, 0x1fec_7000, 0x1ec0_0000..0x1f40_0000),
+            (512 * MIB, 0x1fcd_a000, 0x1ea0_0000..0x1f20_0000),
+            (1024 * MIB, 0x3fec_7000, 0x3e40_0000..0x3ec0_0000),
+        ] {
+            assert_eq!(expected_bounce_pool(mem, initrd), Some(pool), "{mem:#x}");
+        }
+        assert_eq!(expected_bounce_pool(2048 * MIB, 0x7fec_7000), None);
+        // Too little room below the initramfs: no guess, no overflow.
+        assert_eq!(expected_bounce_pool(64 * MIB, 0x0030_0000), None);
     }
 }

@@ -133,6 +133,9 @@ pub struct Machine {
     /// of them were made private first (a restored machine's copies of
     /// template pages; a booted one's anonymous pages), in bytes.
     mapped_ahead: Option<(u64, u64)>,
+    /// Where a booted machine that makes the bounce pool had it mapped
+    /// ahead (fs.rs, `expected_bounce_pool`).
+    pool_ahead: Option<std::ops::Range<u64>>,
     /// The vsock device's in-process way in, until a front end takes it.
     vsock_dialer: Option<mvm_devices::virtio::vsock::Dialer>,
 }
@@ -210,6 +213,15 @@ impl Machine {
     /// such set.
     pub fn mapped_ahead(&self) -> Option<(u64, u64)> {
         self.mapped_ahead
+    }
+
+    /// The bounce pool where it was mapped ahead of a boot, and where the
+    /// guest reported it (None until it has).
+    pub fn bounce_pool_ahead(
+        &self,
+    ) -> Option<(std::ops::Range<u64>, Option<std::ops::Range<u64>>)> {
+        let ahead = self.pool_ahead.clone()?;
+        Some((ahead, self.report.snapshot().bounce_pool.range()))
     }
 
     /// Whether it was restored from a snapshot rather than booted.
