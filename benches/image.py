@@ -35,7 +35,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (  # noqa: E402
-    BUILD, PEERS, ROOT, SETUP_PREFIX, STAT_LINE, WRAPPER, host_type, parse_setup, write_result,
+    BUILD, LAUNDER_MIB, LAUNDER_SH, PEERS, ROOT, SETUP_PREFIX, STAT_LINE, WRAPPER, host_type,
+    parse_setup, write_result,
 )
 
 LAYOUT = os.path.join(BUILD, "share", "mvm", "images", "debian")
@@ -111,6 +112,11 @@ export MVM_IMAGES=$W/store
 M=$W/bin/mvm
 P=$W/peers
 X=$P/bin/exectime
+# Before each timed run: bench.py's `launder` (docs/benchmarks.md, "The
+# run before"), so that no run pays for the pages the run before freed.
+LAUNDER=@LAUNDER@
+LAUNDER_FILE=$W/launder
+@LAUNDER_SH@
 echo "info cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "info kernel $(uname -r)"
 echo "info mem $(awk '/^MemTotal/ { print $2 }' /proc/meminfo)"
@@ -131,6 +137,7 @@ echo "info df $(df -k /tmp /run | awk 'NR > 1 { printf "%s %s/%s KiB; ", $6, $3,
 bw() {
     l=$1
     shift
+    launder
     "$X" --label "$l" --timeout 300 -- \
         "$P/lib/ld-linux-x86-64.so.2" --library-path "$P/lib" "$P/bin/bwrap" $BWFLAGS "$@"
 }
@@ -170,6 +177,7 @@ EOF
 mvm() {
     l=$1
     shift
+    launder
     "$X" --label "$l" --timeout 300 -- "$M" run --print-stats "$@"
 }
 one() {
@@ -343,6 +351,7 @@ def main():
         "@LAYER@": layer.split(":", 1)[1],
         "@BW_ALL@": BWRAP_NS_ALL, "@BW_NO_IPC@": BWRAP_NS_NO_IPC, "@BW_BASE@": BWRAP_BASE,
         "@PY_SCRIPT@": PY_SCRIPT, "@GIT_SCRIPT@": GIT_SCRIPT,
+        "@LAUNDER@": "0" if hw else str(LAUNDER_MIB), "@LAUNDER_SH@": LAUNDER_SH,
     }.items():
         script = script.replace(key, value)
     where = "directly" if hw else "inside one test host"
@@ -437,7 +446,9 @@ def main():
         f"- {info.get('mvm-version', 'mvm ?')}; {info.get('bwrap-version', 'bubblewrap ?')}; "
         f"guest: 1 vCPU, 512 MiB (mvm's defaults)",
         f"- {args.n} interleaved rounds after 1 warm-up of each; {elapsed:.0f} s in all (test host boot and "
-        "set-up included). Cells: **median** (min-max) over the rounds; ratios are of medians.",
+        "set-up included). Cells: **median** (min-max) over the rounds; ratios are of medians."
+        + ("" if hw else f" Before each timed run the test host wrote and freed {LAUNDER_MIB} MiB of its memory "
+           "(docs/benchmarks.md, \"The run before\")."),
         "",
         "## 1. The default image over the busybox guest",
         "",
