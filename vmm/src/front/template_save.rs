@@ -103,10 +103,13 @@ impl TemplateWriter {
 /// Gives this thread the lowest priority (nice 19): where the run has
 /// one CPU to itself, the writer otherwise takes it from the guest while
 /// its command starts, which a first run must not wait for (in the test
-/// host its command ended a median 88 ms later; docs/snapshots.md). It
-/// still gets some time against busy threads, so the run's end, which
-/// waits for the writer, is not held up for long on a loaded host.
-/// Failing is no error: only the order of the work changes.
+/// host, with the pool mapped ahead in both, the command ended a median
+/// 88 ms sooner with the writer at the idle class; at nice 19 the
+/// template is written mostly after the command: docs/snapshots.md).
+/// Not the idle class: nice 19 still gets some time against busy
+/// threads, so the run's end, which waits for the writer, is not held up
+/// for long on a loaded host. Failing is no error: only the order of the
+/// work changes.
 fn yield_to_the_run() {
     // SAFETY: gettid takes no arguments and cannot fail.
     let tid = unsafe { libc::gettid() };
